@@ -1,0 +1,16 @@
+"""Environments: task data, a turn hook and scoring inputs. `ENVS` maps config names to classes."""
+
+from toolpolicy.envs.base import Env
+from toolpolicy.envs.calc import CalcEnv
+
+ENVS: dict[str, type] = {"calc": CalcEnv}
+
+
+def make_env(name: str) -> Env:
+    """The environment called `name`; a clear error lists the known ones."""
+    if name not in ENVS:
+        raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(ENVS))}")
+    return ENVS[name]()
+
+
+__all__ = ["ENVS", "CalcEnv", "Env", "make_env"]

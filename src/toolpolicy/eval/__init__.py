@@ -1,0 +1,1 @@
+"""Evaluation: pass@k, pass^k, tool-use metrics and evaluation runs."""

@@ -1,0 +1,350 @@
+"""The gate: every decoded tool call is checked here before it runs.
+
+The order of checks, and why:
+
+1. Unknown tool, arguments that are not plain JSON, or arguments that break the tool's
+   JSON schema: deny before any rule runs, so conditions only ever see well-formed
+   arguments of a real tool (DESIGN.md, contract 5).
+2. Limits (calls per episode, retry budget after consecutive errors): deny. A limit
+   is a forbid that no permit can override.
+3. Rules, with Cedar's semantics (https://docs.cedarpolicy.com/policies/syntax-policy.html,
+   "deny by default, forbid overrides permit"), plus `ask`:
+   any matching forbid -> deny; else any matching ask -> ask; else any matching permit
+   -> allow; else the policy's default. These are the properties Cedar proves and our
+   property tests check: a forbid beats a permit, rule order and duplicates do not
+   matter, adding a permit never turns an allow into a deny, adding a forbid never
+   turns a deny into an allow.
+4. A condition that errors (a missing key, a type mismatch) or returns a non-boolean
+   never allows. Where Cedar skips a policy that errors, we fail closed: an erroring
+   forbid or ask denies, an erroring permit simply does not match.
+
+`Gate.evaluate` is the policy alone (it may answer "ask"). `Gate.decide` also settles an
+ask with the approver (none configured: deny) and writes the audit record, so every
+decision that is acted on is logged exactly once (contract 6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import cel
+import jsonschema
+
+from toolpolicy.gate.audit import AuditLog
+from toolpolicy.gate.ledger import Ledger, plain_json_problem
+from toolpolicy.gate.policy import ALL_TOOLS, Policy, PolicyError, Rule
+from toolpolicy.gate.schema import ArgumentSchema
+from toolpolicy.types import ToolCall, ToolSpec
+
+GateEffect = Literal["allow", "deny", "ask"]
+MAX_DETAIL_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the gate decided about one call.
+
+    rule_ids: the rules that determined the effect: every matching (or erroring) forbid
+        for a deny by rule, every matching ask, every matching permit for an allow. The
+        gate's own checks use ids with a colon, which rule ids cannot contain:
+        "gate:unknown_tool", "gate:invalid_arguments", "limit:max_calls:<tool>",
+        "limit:max_consecutive_errors:<tool>", "default:allow", "default:deny".
+    reason, hint: written for the model, which sees them when the call is denied.
+    """
+
+    effect: GateEffect
+    rule_ids: tuple[str, ...] = ()
+    reason: str = ""
+    hint: str = ""
+    decision_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def allowed(self) -> bool:
+        return self.effect == "allow"
+
+    def observation(self) -> str:
+        """The tool observation the model reads instead of a result: which rule, why,
+        and how to fix it, so that it can recover. Empty for an allowed call."""
+        if self.effect == "allow":
+            return ""
+        rules = ", ".join(self.rule_ids) or "default"
+        head = "needs approval" if self.effect == "ask" else "denied"
+        text = _sentence(f"Tool call {head} by policy (rule {rules}): {self.reason}")
+        return f"{text} Hint: {_sentence(self.hint)}" if self.hint else text
+
+
+Approver = Callable[[ToolCall, Decision], bool]
+"""Settles an `ask`: gets the call and the ask decision, returns True to allow. Anything
+else, or an exception, denies. A slow approver must apply its own timeout."""
+
+
+class HasSpecs(Protocol):
+    """Anything that lists tool specs, such as a ToolSet (the gate does not import tools/)."""
+
+    def specs(self) -> list[ToolSpec]: ...
+
+
+class Gate:
+    """A policy bound to the tools of one environment.
+
+    Args:
+        policy: a loaded Policy.
+        tools: a ToolSet, or the ToolSpecs of the tools (e.g. an MCP server's).
+        approver: settles `ask` decisions; None means every ask is denied (training).
+        audit: if given, `decide` appends every decision to it.
+        strict_tool_names: refuse a policy that names a tool not in `tools`, because a
+            misspelt tool name would silently switch its rule off.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        tools: HasSpecs | Iterable[ToolSpec],
+        approver: Approver | None = None,
+        audit: AuditLog | None = None,
+        strict_tool_names: bool = True,
+    ) -> None:
+        specs = tools.specs() if hasattr(tools, "specs") else list(tools)
+        self.policy = policy
+        self.approver = approver
+        self.audit = audit
+        self._validators: dict[str, ArgumentSchema] = {}
+        for spec in specs:
+            try:
+                self._validators[spec.name] = ArgumentSchema(spec.parameters)
+            except jsonschema.SchemaError as error:
+                raise ValueError(f"tool {spec.name!r} has an invalid JSON schema: {error.message}") from None
+        if strict_tool_names:
+            unknown = sorted(policy.tool_names() - set(self._validators))
+            if unknown:
+                where = {
+                    name: [f"rule {r.id!r}" for r in policy.rules if r.tools and name in r.tools] or ["limits"]
+                    for name in unknown
+                }
+                problems = [f"{', '.join(where[n])}: names unknown tool {n!r}" for n in unknown]
+                problems.append(f"(the tools are: {', '.join(sorted(self._validators)) or 'none'})")
+                raise PolicyError(policy.source, problems)
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(self._validators)
+
+    def redact(self, text: str) -> str:
+        """Tool output with the policy's secret patterns replaced, before the model or a log sees it."""
+        return self.policy.redact(text)
+
+    def decide(self, call: ToolCall, ledger: Ledger | None = None) -> Decision:
+        """The final decision (allow or deny) for `call`, logged once to the audit log.
+
+        Never raises for any call or ledger content. The one exception is an audit log
+        that cannot be written (AuditError): that is an infrastructure failure, which the
+        engine marks as such rather than letting an unlogged call run.
+        """
+        decision = self.evaluate(call, ledger)
+        if decision.effect == "ask":
+            decision = self._settle(call, decision)
+        if self.audit is not None:
+            self.audit.append(decision, call, self.policy.hash)
+        return decision
+
+    def evaluate(self, call: ToolCall, ledger: Ledger | None = None) -> Decision:
+        """The policy's answer alone (allow, deny or ask), without approver or audit log.
+
+        For `toolpolicy gate check` and for callers that settle asks themselves.
+        """
+        try:
+            return self._evaluate(call, ledger if ledger is not None else Ledger())
+        except Exception as error:  # a bug here must still fail closed
+            return Decision("deny", ("gate:error",), f"the policy gate failed: {_detail(error, self.policy)}")
+
+    def _evaluate(self, call: ToolCall, ledger: Ledger) -> Decision:
+        name, args = call.name, call.arguments
+        validator = self._validators.get(name) if isinstance(name, str) else None
+        if validator is None:
+            available = ", ".join(self._validators) or "none"
+            return Decision(
+                "deny",
+                ("gate:unknown_tool",),
+                f"there is no tool named {name!r:.60}.",
+                f"Available tools: {available}.",
+            )
+        problem = plain_json_problem(args)
+        if problem is None and not isinstance(args, dict):
+            problem = f"arguments must be a JSON object, not {type(args).__name__}"
+        if problem is None and (problem := validator.problem(args)) is not None:
+            problem = self.policy.redact(problem)[:MAX_DETAIL_CHARS]
+        if problem is not None:
+            return Decision(
+                "deny",
+                ("gate:invalid_arguments",),
+                f"invalid arguments for {name}: {problem}.",
+                f"Check the arguments against {name}'s parameters.",
+            )
+
+        if exceeded := self._limits_exceeded(name, ledger):
+            return exceeded
+
+        rules = self.policy.rules_for(name)
+        context = _LazyContext(name, args, ledger, rules.variables)
+        forbidding, reasons = [], []
+        for rule in rules.forbid:
+            outcome = _condition(rule, context)
+            if outcome is not False:
+                forbidding.append(rule)
+                reasons.append(rule.reason if outcome is True else self._error_reason(rule, outcome))
+        if forbidding:
+            return _decision("deny", forbidding, reasons)
+
+        asking, failed, reasons, failed_reasons = [], [], [], []
+        for rule in rules.ask:
+            outcome = _condition(rule, context)
+            if outcome is True:
+                asking.append(rule)
+                reasons.append(rule.reason)
+            elif outcome is not False:
+                failed.append(rule)
+                failed_reasons.append(self._error_reason(rule, outcome))
+        if failed:
+            return _decision("deny", failed, failed_reasons)
+        if asking:
+            return _decision("ask", asking, reasons)
+
+        permitting, errors = [], []
+        for rule in rules.permit:
+            outcome = _condition(rule, context)
+            if outcome is True:
+                permitting.append(rule)
+            elif outcome is not False:
+                errors.append(self._error_reason(rule, outcome))
+        if permitting:
+            return _decision("allow", permitting, [r.reason for r in permitting])
+        if self.policy.default == "allow":
+            return Decision("allow", ("default:allow",), "no rule forbids this call and the policy allows by default.")
+        because = f" ({'; '.join(errors)})" if errors else ""
+        return Decision(
+            "deny",
+            ("default:deny",),
+            f"no rule permits calling {name} here{because}.",
+            "Only calls a rule permits may run; try another approach.",
+        )
+
+    def _limits_exceeded(self, name: str, ledger: Ledger) -> Decision | None:
+        limits = self.policy.limits
+        hits: list[tuple[str, str]] = []
+        for key, used in ((name, ledger.counts.get(name, 0)), (ALL_TOOLS, ledger.total_calls)):
+            cap = limits.max_calls.get(key)
+            if cap is not None and used >= cap:
+                what = f"{name} may run" if key != ALL_TOOLS else "tools may run"
+                hits.append((f"limit:max_calls:{key}", f"{what} at most {cap} times per episode"))
+        for key in (name, ALL_TOOLS):
+            cap = limits.max_consecutive_errors.get(key)
+            if cap is not None and ledger.consecutive_errors.get(key, 0) >= cap:
+                what = f"{name}" if key != ALL_TOOLS else "tool calls"
+                hits.append(
+                    (
+                        f"limit:max_consecutive_errors:{key}",
+                        f"{what} failed {cap} times in a row, which uses up the retry budget",
+                    )
+                )
+        if not hits:
+            return None
+        return Decision(
+            "deny",
+            tuple(rule_id for rule_id, _ in hits),
+            "; ".join(text for _, text in hits) + ".",
+            "Answer with what you already have.",
+        )
+
+    def _error_reason(self, rule: Rule, detail: str) -> str:
+        return f"rule {rule.id} could not be evaluated ({self.policy.redact(detail)[:MAX_DETAIL_CHARS]})"
+
+    def _settle(self, call: ToolCall, decision: Decision) -> Decision:
+        """An ask settled by the approver; the decision keeps its id and rule ids."""
+        if self.approver is None:
+            return dataclasses.replace(
+                decision, effect="deny", reason=f"{decision.reason} (needs approval; none is available)"
+            )
+        try:
+            approved = self.approver(call, decision) is True
+        except Exception as error:  # a failing approver is a refusal
+            return dataclasses.replace(
+                decision, effect="deny", reason=f"{decision.reason} (approver failed: {_detail(error, self.policy)})"
+            )
+        if approved:
+            return dataclasses.replace(decision, effect="allow", reason=f"{decision.reason} (approved)")
+        return dataclasses.replace(decision, effect="deny", reason=f"{decision.reason} (approval refused)")
+
+
+class _LazyContext:
+    """The CEL context, built on first use and only from the variables the tool's rules
+    read: converting `history` costs about 10 us per entry, so it is skipped unless a
+    condition needs it. A context that cannot be built is an error for every condition."""
+
+    __slots__ = ("_built", "_values")
+
+    def __init__(self, name: str, args: dict[str, Any], ledger: Ledger, variables: frozenset[str]) -> None:
+        every = {"tool": name, "args": args, "state": ledger.facts, "history": ledger.history, "counts": ledger.counts}
+        self._values = {key: every[key] for key in variables}
+        self._built: Any = None
+
+    def get(self) -> Any:
+        """A cel.Context, or a string saying why there is none."""
+        if self._built is None:
+            problem = next(
+                (
+                    f"{key}: {p}"
+                    for key, value in self._values.items()
+                    if key != "args" and (p := plain_json_problem(value))
+                ),
+                None,
+            )
+            if problem is not None:
+                self._built = problem.replace("arguments", "values")
+            else:
+                try:
+                    self._built = cel.Context(variables=self._values)
+                except Exception as error:
+                    self._built = f"the context could not be converted to CEL: {type(error).__name__}"
+        return self._built
+
+
+def _condition(rule: Rule, context: _LazyContext) -> bool | str:
+    """True or False, or a string describing why the condition has no boolean value."""
+    if rule.program is None:
+        return True
+    built = context.get()
+    if isinstance(built, str):
+        return built
+    try:
+        result = rule.program.execute(built)
+    except Exception as error:  # KeyError (missing key), TypeError (no overload), RuntimeError, ...
+        return f"{type(error).__name__}: {error}"
+    if result is True or result is False:
+        return result
+    return f"the condition gave {type(result).__name__} {result!r:.40}, not a boolean"
+
+
+def _decision(effect: GateEffect, rules: list[Rule], reasons: list[str]) -> Decision:
+    return Decision(
+        effect,
+        tuple(rule.id for rule in rules),
+        "; ".join(dict.fromkeys(reasons)),
+        " ".join(dict.fromkeys(rule.hint for rule in rules if rule.hint)),
+    )
+
+
+def _sentence(text: str) -> str:
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _detail(error: BaseException, policy: Policy) -> str:
+    try:
+        text = f"{type(error).__name__}: {error}"
+    except Exception:
+        text = type(error).__name__
+    return policy.redact(text)[:MAX_DETAIL_CHARS]

@@ -1,0 +1,445 @@
+"""Policy files: YAML rules with CEL conditions, validated in full when loaded.
+
+A policy is checked completely at load, so that a typo cannot quietly disable a rule
+in the middle of a training run: unknown keys, a bad effect, a duplicate id, a CEL
+condition that does not compile or reads a variable or function that does not exist,
+a bad redaction regex, a duplicated YAML key. Every problem found is reported at once
+in one `PolicyError` that names the file, the rule id and what is wrong.
+
+    default: deny                     # what happens when no rule permits (deny if omitted)
+    rules:
+      - id: no-traversal              # letters, digits, '_', '.', '-' (no ':', kept for the gate's own ids)
+        effect: forbid                # permit | forbid | ask
+        tools: [read_file, write_file]   # or "*" for every tool
+        when: "args.path.contains('..')" # CEL over tool, args, state, history, counts; omitted = always
+        reason: paths may not leave the work folder      # required for forbid and ask
+        hint: use a path under /work                     # optional fix the model is shown
+    limits:
+      max_calls: {run_shell: 10, "*": 50}        # per episode; "*" counts all tools together
+      max_consecutive_errors: {"*": 3}           # retry budget; "*" = trailing errors of any tools
+    redact: ['AKIA[0-9A-Z]{16}']                 # regexes replaced by [REDACTED] in tool output
+
+Conditions are compiled once here. Rules are indexed by tool name (`Policy.rules_for`),
+so a decision only looks at the rules naming its tool plus the "*" rules.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import cel
+import yaml
+
+from toolpolicy.gate.digest import canonical_json, sha256_hex
+
+Effect = Literal["permit", "forbid", "ask"]
+EFFECTS: tuple[Effect, ...] = ("permit", "forbid", "ask")
+DEFAULTS = ("allow", "deny")
+CONTEXT_VARIABLES = frozenset({"tool", "args", "state", "history", "counts"})
+# Type names, as in `type(args.x) == string`, are reported by the CEL binding as variables.
+CEL_TYPE_NAMES = frozenset({"bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type"})
+LIMIT_KINDS = ("max_calls", "max_consecutive_errors")
+ALL_TOOLS = "*"
+REDACTED = "[REDACTED]"
+
+# No ':' in rule ids, so the gate's own ids ("limit:max_calls:x", "gate:unknown_tool") never collide.
+RULE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+# The Rust CEL parser recurses without a depth guard and overflows the C stack (a segfault,
+# not an exception) on chains of ~20,000 operators. 4,000 characters is far below that
+# and far above any condition a person writes.
+MAX_CONDITION_CHARS = 4000
+
+_TOP_KEYS = frozenset({"default", "rules", "limits", "redact", "description"})
+_RULE_KEYS = frozenset({"id", "effect", "tools", "when", "reason", "hint", "description"})
+
+# Functions the Rust-native CEL standard library of `common-expression-language` provides.
+# A condition calling anything else would fail at every evaluation, so it is refused at load.
+# Macros (has, all, exists, exists_one, map, filter) are not function references.
+CEL_FUNCTIONS = frozenset(
+    "size contains startsWith endsWith matches int uint double string bytes timestamp duration type dyn "
+    "getFullYear getMonth getDate getDayOfMonth getDayOfWeek getDayOfYear getHours getMinutes getSeconds "
+    "getMilliseconds".split()
+)
+# `Program.variables()` also lists the names that comprehension macros bind (the `h` in
+# `history.exists(h, ...)`); they are recognised from the source and allowed.
+_BOUND_NAME = re.compile(r"\b(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used. `problems` lists each thing wrong, one per entry."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        shown = "\n  ".join(self.problems)
+        super().__init__(f"{source}: {shown}" if len(self.problems) == 1 else f"{source}:\n  {shown}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule. `program` is the compiled `when` (None: the rule always matches);
+    `variables` are the context variables it reads, so the gate converts only those."""
+
+    id: str
+    effect: Effect
+    tools: tuple[str, ...] | None  # None: every tool ("*")
+    when: str | None
+    reason: str
+    hint: str = ""
+    program: Any = field(default=None, compare=False, repr=False)
+    variables: frozenset[str] = frozenset()
+
+    def applies_to(self, tool: str) -> bool:
+        return self.tools is None or tool in self.tools
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-episode budgets. Keys are tool names; "*" means all tools together."""
+
+    max_calls: Mapping[str, int] = field(default_factory=dict)
+    max_consecutive_errors: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolRules:
+    """The rules that can apply to one tool, split by effect, each in policy order,
+    and the union of context variables their conditions read."""
+
+    forbid: tuple[Rule, ...]
+    ask: tuple[Rule, ...]
+    permit: tuple[Rule, ...]
+    variables: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A validated policy. Build one with `Policy.load`, `Policy.from_yaml` or `Policy.from_dict`.
+
+    `hash` is the SHA-256 of the canonical JSON of the validated content, so the audit
+    log can say which policy made each decision; comments and formatting do not change it.
+    """
+
+    default: Literal["allow", "deny"]
+    rules: tuple[Rule, ...]
+    limits: Limits
+    redact_patterns: tuple[re.Pattern[str], ...]
+    source: str
+    hash: str
+    description: str = ""
+    _index: dict[str, ToolRules] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        """Read and validate a policy file; PolicyError (naming the file) on any problem."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise PolicyError(str(path), [f"cannot read the policy file: {error}"]) from None
+        return cls.from_yaml(text, source=str(path))
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<policy>") -> Policy:
+        try:
+            data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+        except Exception as error:  # YAMLError, and constructor errors such as a bad date or deep nesting
+            detail = " ".join(str(error).split())
+            raise PolicyError(source, [f"not valid YAML: {detail[:300]}"]) from None
+        return cls.from_dict(data, source)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<policy>") -> Policy:
+        return _build(data, source)
+
+    def rules_for(self, tool: str) -> ToolRules:
+        """The rules naming `tool` or "*", computed once per tool name: decision cost does
+        not grow with rules written for other tools."""
+        found = self._index.get(tool)
+        if found is None:
+            matching = [rule for rule in self.rules if rule.applies_to(tool)]
+            found = ToolRules(
+                forbid=tuple(rule for rule in matching if rule.effect == "forbid"),
+                ask=tuple(rule for rule in matching if rule.effect == "ask"),
+                permit=tuple(rule for rule in matching if rule.effect == "permit"),
+                variables=frozenset().union(*(rule.variables for rule in matching)),
+            )
+            if len(self._index) < 10_000:  # unknown names never reach here via Gate; bound it anyway
+                self._index[tool] = found
+        return found
+
+    def tool_names(self) -> set[str]:
+        """Every tool named by a rule or a limit (not "*")."""
+        named = {name for rule in self.rules for name in rule.tools or ()}
+        named |= set(self.limits.max_calls) | set(self.limits.max_consecutive_errors)
+        named.discard(ALL_TOOLS)
+        return named
+
+    def redact(self, text: str) -> str:
+        """`text` with every match of the policy's redaction patterns replaced by [REDACTED]."""
+        for pattern in self.redact_patterns:
+            text = pattern.sub(REDACTED, text)
+        return text
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys: PyYAML would keep the last one silently,
+    so a rule written with two `when:` lines would lose one of its conditions."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key; the base class reports it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def _build(data: Any, source: str) -> Policy:
+    problems: list[str] = []
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(source, [f"a policy must be a mapping with 'default' and 'rules', not {_kind(data)}"])
+    for key in data:
+        if key not in _TOP_KEYS:
+            problems.append(f"unknown top-level key {_show(key)} (expected one of {', '.join(sorted(_TOP_KEYS))})")
+
+    default = data.get("default", "deny")
+    if default not in DEFAULTS:
+        problems.append(f"default must be 'allow' or 'deny', not {_show(default)}")
+    description = _optional_text(data.get("description"), "description", problems)
+
+    rules = _rules(data.get("rules"), problems)
+    limits = _limits(data.get("limits"), problems)
+    patterns = _redact(data.get("redact"), problems)
+    if problems:
+        raise PolicyError(source, problems)
+
+    content = {
+        "default": default,
+        "description": description,
+        "rules": [
+            {
+                "id": r.id,
+                "effect": r.effect,
+                "tools": ALL_TOOLS if r.tools is None else list(r.tools),
+                "when": r.when,
+                "reason": r.reason,
+                "hint": r.hint,
+            }
+            for r in rules
+        ],
+        "limits": {"max_calls": dict(limits.max_calls), "max_consecutive_errors": dict(limits.max_consecutive_errors)},
+        "redact": [p.pattern for p in patterns],
+    }
+    return Policy(
+        default, tuple(rules), limits, tuple(patterns), source, sha256_hex(canonical_json(content)), description
+    )
+
+
+def _rules(raw: Any, problems: list[str]) -> list[Rule]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        problems.append(f"rules must be a list of rules, not {_kind(raw)}")
+        return []
+    rules: list[Rule] = []
+    seen: set[str] = set()
+    for position, item in enumerate(raw):
+        label = f"rules[{position}]"
+        if not isinstance(item, dict):
+            problems.append(f"{label}: a rule must be a mapping with id, effect, tools, not {_kind(item)}")
+            continue
+        rule_id = item.get("id")
+        if isinstance(rule_id, str) and RULE_ID.match(rule_id):
+            label = f"rule {rule_id!r}"
+            if rule_id in seen:
+                problems.append(f"{label}: duplicate id (ids must be unique; they name the rule in every decision)")
+            seen.add(rule_id)
+        elif rule_id is None:
+            problems.append(f"{label}: missing 'id'")
+        else:
+            problems.append(f"{label}: id {_show(rule_id)} must be 1-64 letters, digits, '_', '.' or '-'")
+        before = len(problems)
+        rule = _rule(item, label, problems)
+        if rule is not None and len(problems) == before:
+            rules.append(rule)
+    return rules
+
+
+def _rule(item: dict[Any, Any], label: str, problems: list[str]) -> Rule | None:
+    for key in item:
+        if key not in _RULE_KEYS:
+            problems.append(f"{label}: unknown key {_show(key)} (expected one of {', '.join(sorted(_RULE_KEYS))})")
+    effect = item.get("effect")
+    if effect not in EFFECTS:
+        problems.append(f"{label}: effect {_show(effect)} must be one of permit, forbid, ask")
+
+    tools = _rule_tools(item.get("tools"), label, problems)
+    reason = _optional_text(item.get("reason"), f"{label}: reason", problems)
+    hint = _optional_text(item.get("hint"), f"{label}: hint", problems)
+    _optional_text(item.get("description"), f"{label}: description", problems)
+    if effect in ("forbid", "ask") and not reason:
+        problems.append(f"{label}: a {effect} rule needs a 'reason' (the model is told it, so it can recover)")
+
+    when = item.get("when")
+    program, variables = None, frozenset[str]()
+    if when is not None:
+        if not isinstance(when, str):
+            problems.append(f"{label}: when must be a CEL expression string, not {_kind(when)} (quote it in YAML)")
+            return None
+        compiled = _compile_condition(when, label, problems)
+        if compiled is None:
+            return None
+        program, variables = compiled
+    if not isinstance(item.get("id"), str) or effect not in EFFECTS or tools is False:
+        return None
+    return Rule(item["id"], effect, tools, when, reason or f"rule {item['id']}", hint, program, variables)
+
+
+def _rule_tools(raw: Any, label: str, problems: list[str]) -> tuple[str, ...] | bool | None:
+    """The rule's tool names, None for "*", False when invalid (problem recorded)."""
+    if raw == ALL_TOOLS:
+        return None
+    if raw is None:
+        problems.append(f"{label}: missing 'tools' (a list of tool names, or \"*\" for every tool)")
+        return False
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        problems.append(f'{label}: tools must be a non-empty list of tool names or "*", not {_show(raw)}')
+        return False
+    bad = [name for name in raw if not isinstance(name, str) or not name.strip() or name != name.strip()]
+    if bad:
+        problems.append(f"{label}: tool names must be non-empty strings without surrounding spaces: {_show(bad)}")
+        return False
+    if ALL_TOOLS in raw:
+        problems.append(f'{label}: write tools: "*" on its own rather than "*" inside a list')
+        return False
+    return tuple(dict.fromkeys(raw))
+
+
+def _compile_condition(source: str, label: str, problems: list[str]) -> tuple[Any, frozenset[str]] | None:
+    if not source.strip():
+        problems.append(f"{label}: when is empty (omit it for a rule that always applies)")
+        return None
+    if len(source) > MAX_CONDITION_CHARS:
+        problems.append(f"{label}: when is {len(source)} characters; the limit is {MAX_CONDITION_CHARS}")
+        return None
+    try:
+        program = _compile(source)
+    except Exception as error:  # the binding raises ValueError; anything else is still a bad condition
+        detail = " ".join(str(error).split())
+        problems.append(f"{label}: when does not compile as CEL: {detail[:300]}")
+        return None
+    bound = set(_BOUND_NAME.findall(source))
+    unknown_vars = sorted(set(program.variables()) - CONTEXT_VARIABLES - CEL_TYPE_NAMES - bound)
+    if unknown_vars:
+        problems.append(
+            f"{label}: when reads unknown variable(s) {', '.join(unknown_vars)}"
+            f" (conditions see {', '.join(sorted(CONTEXT_VARIABLES))})"
+        )
+    unknown_functions = sorted(name for name in program.functions() if name[0].isalpha() and name not in CEL_FUNCTIONS)
+    if unknown_functions:
+        problems.append(
+            f"{label}: when calls unknown function(s) {', '.join(unknown_functions)}"
+            f" (available: {', '.join(sorted(CEL_FUNCTIONS))})"
+        )
+    if unknown_vars or unknown_functions:
+        return None
+    return program, frozenset(program.variables()) & CONTEXT_VARIABLES
+
+
+@lru_cache(maxsize=4096)
+def _compile(source: str) -> Any:
+    """Compiled CEL programs are immutable, so one program is shared by every rule with
+    the same condition (policies are reloaded often in tests and `gate check`)."""
+    return cel.compile(source)
+
+
+def _limits(raw: Any, problems: list[str]) -> Limits:
+    if raw is None:
+        return Limits()
+    if not isinstance(raw, dict):
+        problems.append(f"limits must be a mapping with {' and/or '.join(LIMIT_KINDS)}, not {_kind(raw)}")
+        return Limits()
+    found: dict[str, dict[str, int]] = {kind: {} for kind in LIMIT_KINDS}
+    for kind, table in raw.items():
+        if kind not in LIMIT_KINDS:
+            problems.append(f"limits: unknown key {_show(kind)} (expected one of {', '.join(LIMIT_KINDS)})")
+            continue
+        if not isinstance(table, dict):
+            problems.append(f'limits.{kind} must map tool names (or "*") to counts, not {_kind(table)}')
+            continue
+        for name, value in table.items():
+            if not isinstance(name, str) or not name.strip():
+                problems.append(f"limits.{kind}: tool name {_show(name)} must be a non-empty string")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"limits.{kind}.{name}: {_show(value)} must be a whole number >= 0")
+            else:
+                found[kind][name] = value
+    return Limits(found["max_calls"], found["max_consecutive_errors"])
+
+
+def _redact(raw: Any, problems: list[str]) -> list[re.Pattern[str]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        problems.append(f"redact must be a list of regular expressions, not {_kind(raw)}")
+        return []
+    patterns = []
+    for position, text in enumerate(raw):
+        label = f"redact[{position}]"
+        if not isinstance(text, str) or not text:
+            problems.append(f"{label}: {_show(text)} must be a non-empty regular expression string")
+            continue
+        try:
+            with warnings.catch_warnings():  # FutureWarning about set syntax is not the author's concern here
+                warnings.simplefilter("ignore")
+                pattern = re.compile(text)
+        except (re.error, RecursionError, OverflowError) as error:
+            problems.append(f"{label}: {text!r} is not a valid regular expression: {error}")
+            continue
+        if pattern.fullmatch(""):
+            problems.append(f"{label}: {text!r} matches the empty string, so it would redact between every character")
+            continue
+        patterns.append(pattern)
+    return patterns
+
+
+def _optional_text(value: Any, label: str, problems: list[str]) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        problems.append(f"{label} must be text, not {_kind(value)}")
+        return ""
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def _show(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # RecursionError on absurd nesting, a hostile __repr__
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."

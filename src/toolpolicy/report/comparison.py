@@ -1,0 +1,167 @@
+"""Before/after comparison of two eval summaries, as rows and as a terminal table.
+
+The rows are the one model of "what changed" that both the terminal table and the
+HTML report render, so the two never disagree on a number or its rounding. Rates
+(fractions in [0, 1]) are shown as percents and their change in percentage points;
+counts per episode are shown as plain numbers and their change as a difference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["rate", "count", "integer"]
+
+KNOWN_DIFFICULTIES = ("easy", "medium", "hard")
+"""Shown in this order; any other difficulty name follows, alphabetically."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One metric of the comparison. None means the eval file did not report it."""
+
+    label: str
+    before: float | None
+    after: float | None
+    kind: Kind
+    better: int = 0
+    """+1 if higher is better, -1 if lower is better, 0 if neither (e.g. tool calls)."""
+
+    @property
+    def change(self) -> float | None:
+        if self.before is None or self.after is None:
+            return None
+        return self.after - self.before
+
+    @property
+    def before_text(self) -> str:
+        return format_value(self.before, self.kind)
+
+    @property
+    def after_text(self) -> str:
+        return format_value(self.after, self.kind)
+
+    @property
+    def change_text(self) -> str:
+        change = self.change
+        if change is None:
+            return "n/a"
+        if self.kind == "rate":
+            return f"{change * 100:+.1f} pts"
+        if self.kind == "integer":
+            return f"{change:+.0f}"
+        return f"{change:+.2f}"
+
+    @property
+    def verdict(self) -> Literal["better", "worse", "same", "neutral"]:
+        """Whether the change is an improvement, for colouring; "neutral" when no direction is better."""
+        change = self.change
+        if change is None or self.better == 0:
+            return "neutral"
+        if abs(change) < 1e-12:
+            return "same"
+        return "better" if change * self.better > 0 else "worse"
+
+
+def format_value(value: float | None, kind: Kind) -> str:
+    if value is None:
+        return "n/a"
+    if kind == "rate":
+        return f"{value * 100:.1f}%"
+    if kind == "integer":
+        return f"{value:.0f}"
+    return f"{value:.2f}"
+
+
+def order_difficulties(names: set[str] | list[str]) -> list[str]:
+    known = [d for d in KNOWN_DIFFICULTIES if d in names]
+    return known + sorted(set(names) - set(KNOWN_DIFFICULTIES))
+
+
+def difficulties(*evals: dict[str, Any] | None) -> list[str]:
+    """Difficulty names found in any of the evals' "by_difficulty", in display order."""
+    names: set[str] = set()
+    for summary in evals:
+        by_difficulty = (summary or {}).get("by_difficulty")
+        if isinstance(by_difficulty, dict):
+            names.update(str(name) for name in by_difficulty)
+    return order_difficulties(names)
+
+
+def metric(summary: dict[str, Any] | None, key: str, difficulty: str | None = None) -> float | None:
+    """summary[key], or summary["by_difficulty"][difficulty][key]; None if absent or not a finite number."""
+    if not isinstance(summary, dict):
+        return None
+    if difficulty is not None:
+        summary = (summary.get("by_difficulty") or {}).get(difficulty)
+        if not isinstance(summary, dict):
+            return None
+    value = summary.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def comparison_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
+    """Accuracy, tool calls per episode (overall and per difficulty) and invalid-call rate."""
+    ds = difficulties(before, after)
+
+    def row(label: str, key: str, kind: Kind, better: int, difficulty: str | None = None) -> Row:
+        return Row(label, metric(before, key, difficulty), metric(after, key, difficulty), kind, better)
+
+    return [
+        row("accuracy", "accuracy", "rate", +1),
+        *(row(f"accuracy {d}", "accuracy", "rate", +1, d) for d in ds),
+        row("tool calls/episode", "tool_calls_per_episode", "count", 0),
+        *(row(f"tool calls/episode {d}", "tool_calls_per_episode", "count", 0, d) for d in ds),
+        row("invalid-call rate", "invalid_call_rate", "rate", -1),
+    ]
+
+
+def pass_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
+    """pass@k for every k either eval reports, then pass^k ("pass_hat_k") if present."""
+    rows = []
+    for key, symbol in (("pass_at_k", "@"), ("pass_hat_k", "^")):
+        tables = [(summary or {}).get(key) or {} for summary in (before, after)]
+        ks = {str(k) for table in tables if isinstance(table, dict) for k in table}
+        for k in sorted(ks, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)):
+            b, a = (metric(table, k) if isinstance(table, dict) else None for table in tables)
+            rows.append(Row(f"pass{symbol}{k}", b, a, "rate", +1))
+    return rows
+
+
+def detail_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
+    """The rest of an eval summary: truncation, length, infrastructure errors, sample size."""
+    return [
+        Row("truncated rate", metric(before, "truncated_rate"), metric(after, "truncated_rate"), "rate", -1),
+        Row("tokens/episode", metric(before, "tokens_per_episode"), metric(after, "tokens_per_episode"), "count"),
+        Row("infra errors", metric(before, "infra_errors"), metric(after, "infra_errors"), "integer"),
+        Row("episodes (n)", metric(before, "n"), metric(after, "n"), "integer"),
+    ]
+
+
+def format_comparison(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A plain-text before/after table of two eval summaries (eval/<name>.json contents).
+
+    >>> print(format_comparison({"accuracy": 0.5}, {"accuracy": 0.75}))  # doctest: +NORMALIZE_WHITESPACE
+    before -> after
+    metric              before   after     change
+    accuracy             50.0%   75.0%  +25.0 pts
+    tool calls/episode     n/a     n/a        n/a
+    invalid-call rate      n/a     n/a        n/a
+    """
+    rows = comparison_rows(before, after) + pass_rows(before, after)
+    title = f"{(before or {}).get('name', 'before')} -> {(after or {}).get('name', 'after')}"
+    sizes = [metric(before, "n"), metric(after, "n")]
+    if any(size is not None for size in sizes):
+        title += "   (n = " + " / ".join(format_value(size, "integer") for size in sizes) + " episodes)"
+    table = [("metric", "before", "after", "change")]
+    table += [(r.label, r.before_text, r.after_text, r.change_text) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(4)]
+    lines = [title]
+    for line in table:
+        cells = [line[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(line[1:], widths[1:])]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)

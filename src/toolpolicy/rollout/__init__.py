@@ -1,0 +1,17 @@
+"""Rollouts: the Trajectory type, the multi-turn engine and generation backends."""
+
+from toolpolicy.rollout.backends import Backend, Generation, GenRequest, HFBackend, ScriptedBackend
+from toolpolicy.rollout.engine import Limits, RolloutEngine, observe
+from toolpolicy.rollout.trajectory import Trajectory
+
+__all__ = [
+    "Backend",
+    "GenRequest",
+    "Generation",
+    "HFBackend",
+    "Limits",
+    "RolloutEngine",
+    "ScriptedBackend",
+    "Trajectory",
+    "observe",
+]

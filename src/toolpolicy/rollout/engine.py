@@ -1,0 +1,148 @@
+"""The multi-turn rollout engine: generate, parse tool calls, run tools, append observations.
+
+One loop serves RL, evaluation and SFT data (with a scripted backend). Per turn,
+every live episode asks the backend to continue its token ids; the sampled ids
+are appended as they are (loss_mask 1). The text of that turn is parsed for
+tool calls; calls run through the environment's ToolSet; their results are
+rendered with the chat template's observation framing and only that new
+fragment is tokenized and appended (loss_mask 0). The conversation is never
+re-rendered and re-tokenized (DESIGN contract 1). Malformed calls become error
+observations and `invalid_call` events, never exceptions (contract 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from toolpolicy.chat import HermesTemplate, parse_assistant
+from toolpolicy.envs.base import Env
+from toolpolicy.rollout.backends import Backend, GenRequest
+from toolpolicy.rollout.trajectory import Trajectory
+from toolpolicy.types import Episode, Event, Message, Task
+
+Encode = Callable[[str], list[int]]
+Decode = Callable[[list[int]], str]
+
+MODEL_FAULTS = {"unknown_tool": "invalid_call", "invalid_arguments": "invalid_call", "tool_error": "tool_error"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Budgets of one episode."""
+
+    max_turns: int = 4
+    """Assistant turns before the episode is cut (and marked truncated)."""
+    max_tokens: int = 256
+    """Tokens after the prompt (assistant turns and observations together)."""
+    max_turn_tokens: int = 96
+    """Tokens one assistant turn may sample."""
+    max_call_chars: int = 2000
+    """A tool call body longer than this is rejected without parsing."""
+
+
+def observe(text: str, env: Env, turn: int, max_call_chars: int) -> tuple[Message, list[Message], list[Event], str | None]:
+    """Parse one assistant turn and run its calls.
+
+    Returns the assistant message, the observation messages that follow it (one
+    per call or malformed call; empty when the turn is a final answer), the
+    events, and an infrastructure error if a tool failed for reasons that are
+    not the model's.
+    """
+    parsed = parse_assistant(text, max_call_chars=max_call_chars)
+    shown = text.removesuffix("<|im_end|>").strip() if parsed.errors else parsed.content
+    assistant = Message("assistant", shown, parsed.tool_calls)
+    observations: list[Message] = []
+    events: list[Event] = []
+    infra_error = None
+    for error in parsed.errors:
+        observations.append(Message("tool", error.message, name="error"))
+        events.append(Event("invalid_call", turn, error.kind))
+    for call in parsed.tool_calls:
+        result = env.tools.call(call)
+        observations.append(Message("tool", result.content, name=call.name))
+        if result.ok:
+            events.append(Event("tool_call", turn, call.name))
+        elif result.error in MODEL_FAULTS:
+            events.append(Event(MODEL_FAULTS[result.error], turn, f"{call.name}: {result.error}"))
+        else:
+            infra_error = f"{call.name}: {result.error}: {result.content[:200]}"
+    return assistant, observations, events, infra_error
+
+
+class RolloutEngine:
+    """Runs batches of episodes of one environment with one backend."""
+
+    def __init__(self, env: Env, template: HermesTemplate, encode: Encode, decode: Decode, backend: Backend, limits: Limits) -> None:
+        self.env = env
+        self.template = template
+        self.encode = encode
+        self.decode = decode
+        self.backend = backend
+        self.limits = limits
+
+    def start(self, task: Task) -> Trajectory:
+        messages = self.env.initial_messages(task)
+        ids = self.encode(self.template.render_prompt(messages, self.env.tools.specs()))
+        return Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), Episode(task, list(messages)))
+
+    def run(self, tasks: list[Task], progress: str | None = None) -> list[Trajectory]:
+        """One episode per task (repeat a task in `tasks` to sample a group)."""
+        trajectories = [self.start(task) for task in tasks]
+        live = list(range(len(tasks)))
+        bar = tqdm(total=len(tasks), desc=progress, leave=False, disable=progress is None)
+        for turn in range(self.limits.max_turns):
+            if not live:
+                break
+            requests = [
+                GenRequest(i, trajectories[i].token_ids, min(self.limits.max_turn_tokens, self.limits.max_tokens - trajectories[i].response_len))
+                for i in live
+            ]
+            generations = self.backend.generate(requests)
+            still_live = []
+            for i, generation in zip(live, generations):
+                if self._advance(trajectories[i], generation.ids, generation.logprobs, generation.finished, turn):
+                    still_live.append(i)
+                else:
+                    bar.update(1)
+            live = still_live
+        for i in live:  # out of turns while still calling tools
+            self._truncate(trajectories[i], self.limits.max_turns, "max_turns")
+        bar.update(len(live))
+        bar.close()
+        return trajectories
+
+    def _advance(self, trajectory: Trajectory, ids: list[int], logprobs: list[float], finished: bool, turn: int) -> bool:
+        """Append one sampled turn and its observation; return whether the episode goes on."""
+        episode = trajectory.episode
+        trajectory.append(ids, sampled=True, logprobs=logprobs)
+        text = self.decode(ids)
+        if not finished:
+            episode.messages.append(Message("assistant", text.strip()))
+            self._truncate(trajectory, turn, "max_turn_tokens" if len(ids) else "max_tokens")
+            return False
+        assistant, observations, events, infra_error = observe(text, self.env, turn, self.limits.max_call_chars)
+        episode.messages.append(assistant)
+        episode.events.extend(events)
+        if infra_error is not None:
+            episode.infra_error = infra_error
+            return False
+        if not observations:
+            reply = self.env.on_answer(episode.task, episode.messages)
+            if reply is None:
+                return False
+            observations = reply
+        fragment = self.encode(self.template.render_observation(observations))
+        episode.messages.extend(observations)
+        if trajectory.response_len + len(fragment) >= self.limits.max_tokens:
+            self._truncate(trajectory, turn, "max_tokens")
+            return False
+        trajectory.append(fragment, sampled=False)
+        return True
+
+    @staticmethod
+    def _truncate(trajectory: Trajectory, turn: int, why: str) -> None:
+        trajectory.episode.truncated = True
+        trajectory.episode.events.append(Event("truncated", turn, why))

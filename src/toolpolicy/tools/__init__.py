@@ -1,0 +1,7 @@
+"""Tools layer: typed functions become tools with derived schemas; a ToolSet runs decoded calls."""
+
+from toolpolicy.tools.calculator import calculator
+from toolpolicy.tools.decorator import Tool, tool
+from toolpolicy.tools.toolset import ToolSet
+
+__all__ = ["Tool", "ToolSet", "calculator", "tool"]

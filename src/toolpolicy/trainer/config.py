@@ -1,0 +1,196 @@
+"""One flat, typed config for every command, validated on load.
+
+Every field has a docstring, which `toolpolicy config` prints as the reference.
+A YAML file with an unknown or mistyped field is an error that names the file
+and the field. `--set key=value` overrides are parsed as YAML scalars and
+validated the same way. The resolved config is written into the run folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file and the field."""
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True, protected_namespaces=())
+
+    # --- run -------------------------------------------------------------
+    run_dir: str = "runs/demo"
+    """Folder of this run: resolved config, metrics.jsonl, checkpoints, eval results, report.html."""
+    seed: int = 0
+    """Seed of everything random: model init, tasks, demonstrations, sampling."""
+    env: str = "calc"
+    """Environment name (see `toolpolicy.envs.ENVS`)."""
+    threads: int = Field(0, ge=0)
+    """torch CPU threads; 0 keeps torch's default."""
+
+    # --- model -------------------------------------------------------------
+    model: str = "embedded"
+    """`embedded` builds the tiny model into RUN_DIR/model; otherwise a local Hugging Face checkpoint folder."""
+    vocab_size: int = Field(1024, ge=300)
+    """Embedded model: BPE vocabulary size, special tokens included."""
+    hidden_size: int = Field(256, ge=16)
+    """Embedded model: width of the residual stream."""
+    layers: int = Field(4, ge=1)
+    """Embedded model: transformer blocks."""
+    heads: int = Field(4, ge=1)
+    """Embedded model: attention heads."""
+    kv_heads: int = Field(2, ge=1)
+    """Embedded model: key/value heads (grouped-query attention, as Qwen2)."""
+    intermediate_size: int = Field(768, ge=16)
+    """Embedded model: width of the MLP."""
+    tokenizer_texts: int = Field(2000, ge=10)
+    """Embedded model: demonstration conversations the tokenizer is trained on."""
+    compact_tools_prompt: bool = True
+    """Describe tools in a short system-prompt block instead of Qwen2.5's long one (cheaper for a tiny model)."""
+
+    # --- rollout -----------------------------------------------------------
+    max_turns: int = Field(4, ge=1)
+    """Assistant turns per episode before it is cut and marked truncated."""
+    max_tokens: int = Field(192, ge=8)
+    """Tokens per episode after the prompt (assistant turns and observations)."""
+    max_turn_tokens: int = Field(64, ge=4)
+    """Tokens one assistant turn may sample."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature in RL and evaluation; 0 is greedy."""
+
+    # --- SFT cold start ----------------------------------------------------
+    sft_examples: int = Field(4000, ge=1)
+    """Demonstration episodes generated for SFT."""
+    sft_steps: int = Field(500, ge=0)
+    """Optimizer steps of SFT."""
+    sft_batch_size: int = Field(32, ge=1)
+    """Episodes per SFT step."""
+    sft_lr: float = Field(2e-3, gt=0)
+    """Peak SFT learning rate (linear warm-up, cosine decay to 10%)."""
+    sft_warmup_steps: int = Field(30, ge=0)
+    """SFT warm-up steps."""
+    expert_tool_on_hard: float = Field(0.4, ge=0, le=1)
+    """Demonstrator: probability of calling the tool on a hard task (else it guesses)."""
+    expert_tool_on_easy: float = Field(0.5, ge=0, le=1)
+    """Demonstrator: probability of a needless call on an easy task."""
+    expert_malformed: float = Field(0.1, ge=0, le=1)
+    """Demonstrator: probability that a call is first written malformed, then fixed."""
+
+    # --- RL ----------------------------------------------------------------
+    init_from: str = ""
+    """Checkpoint folder RL starts from; `toolpolicy demo` sets it to the SFT result."""
+    rl_steps: int = Field(60, ge=0)
+    """RL optimizer steps (one rollout batch each)."""
+    prompts_per_step: int = Field(8, ge=1)
+    """Distinct tasks per RL step."""
+    group_size: int = Field(8, ge=2)
+    """Samples per task; advantages are computed within each group."""
+    rl_lr: float = Field(1e-4, gt=0)
+    """RL learning rate (constant after warm-up)."""
+    rl_warmup_steps: int = Field(0, ge=0)
+    """RL warm-up steps."""
+    clip_low: float = Field(0.2, ge=0)
+    """PPO clip below 1 (ratio >= 1 - clip_low)."""
+    clip_high: float = Field(0.28, ge=0)
+    """PPO clip above 1 (ratio <= 1 + clip_high); above clip_low is DAPO's clip-higher."""
+    beta: float = Field(0.0, ge=0)
+    """Weight of the k3 KL penalty to the initial policy; 0 turns the penalty off."""
+    log_kl: bool = True
+    """Compute KL to the initial policy as a metric even when beta is 0 (one extra forward pass)."""
+    scale_std: bool = True
+    """Divide group advantages by the group std (GRPO); false is Dr.GRPO."""
+    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    """How per-token losses become one number (DAPO token-mean or GRPO sequence-mean)."""
+    dynamic_sampling: bool = True
+    """Drop groups whose rewards are all equal (they carry no gradient), as DAPO."""
+    rewards: dict[str, float] = Field(default_factory=dict)
+    """Reward function name -> weight; empty uses the environment's defaults. Weight 0 = metric only."""
+
+    # --- optimisation (both phases) ----------------------------------------
+    micro_batch_size: int = Field(32, ge=1)
+    """Sequences per forward/backward pass; gradients accumulate to the full batch."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Global gradient-norm clip."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    checkpoint_every: int = Field(20, ge=1)
+    """Steps between checkpoints (one is always written at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Newest checkpoints kept per phase."""
+
+    # --- evaluation --------------------------------------------------------
+    eval_tasks: int = Field(100, ge=1)
+    """Held-out tasks per evaluation."""
+    eval_samples: int = Field(4, ge=1)
+    """Samples per held-out task (accuracy is their mean; pass@k uses them)."""
+    eval_seed: int = 10_000
+    """Seed of the held-out tasks; never used for training tasks."""
+    eval_checkpoint: str = ""
+    """Checkpoint `toolpolicy eval` scores; empty uses the newest model in run_dir."""
+    samples_in_report: int = Field(8, ge=0)
+    """Episodes per evaluation saved for the report's trajectory viewer."""
+
+
+def _format_errors(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  field '{field}': unknown field (see `toolpolicy config` for the list)")
+        else:
+            lines.append(f"  field '{field}': {item['msg']} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`["rl_steps=5", "model=runs/x/model"]` -> {"rl_steps": 5, "model": "runs/x/model"}."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {pair!r}: expected key=value")
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read a YAML config (or the defaults when `path` is None) and apply `--set` overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config ({exc.strerror})") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of field: value, got {type(loaded).__name__}")
+        data.update(loaded or {})
+    data.update(parse_overrides(list(overrides)))
+    if overrides:
+        source += " with --set " + " ".join(overrides)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def save_config(config: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
+
+
+def describe_fields() -> str:
+    """Every field with its type, default and docstring: the config reference."""
+    lines = []
+    for name, field in Config.model_fields.items():
+        annotation = getattr(field.annotation, "__name__", str(field.annotation))
+        lines.append(f"{name}: {annotation} = {field.get_default(call_default_factory=True)!r}\n    {field.description}")
+    return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""RL on a tool environment with the GRPO family, in one loop you can read top to bottom.
+
+Each step: sample `prompts_per_step` tasks (a pure function of the step: the data
+cursor), roll out `group_size` episodes per task with the multi-turn engine,
+score them with the environment's Rubric, turn rewards into group advantages,
+drop groups with no signal (DAPO dynamic sampling), and take one PPO-clip
+optimizer step on the sampled tokens only.
+
+Relative to the papers this simplifies: one optimizer step per rollout batch
+(so the old policy is the rollout policy and its log-probabilities are the
+rollout's own, recorded at sampling time); no refill of filtered groups (a
+step may train on fewer groups; `kept_groups` is logged); no value model.
+What is kept: token ids exactly as sampled, tool output masked out of the
+loss, GRPO or Dr.GRPO advantages, DAPO clip-higher and token-mean, optional
+k3 KL to the initial policy.
+
+    toolpolicy train CONFIG [--set key=value ...] [--resume RUN_DIR]
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from toolpolicy.algorithms import aggregate_loss, expand_group_mask, group_advantages, kl_k3, ppo_clip_loss, varied_groups
+from toolpolicy.envs import make_env
+from toolpolicy.model import load_policy
+from toolpolicy.rewards import Rubric, Score
+from toolpolicy.rollout import Trajectory
+from toolpolicy.trainer.batch import TokenBatch, collate, forward_logprobs, micro_batches
+from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
+from toolpolicy.trainer.config import Config, ConfigError
+from toolpolicy.trainer.setup import make_engine, wrap_policy
+
+
+def train_seed(seed: int, step: int) -> int:
+    """Seed of the training tasks of `step`; evaluation uses its own split and seed."""
+    return seed * 1_000_003 + step
+
+
+def usable_rewards(rewards: torch.Tensor, usable: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Replace rewards of infra-failed episodes by their group's mean over usable ones,
+    so a machine failure neither scores 0 nor moves the baseline (DESIGN contract 4)."""
+    grouped = rewards.view(-1, group_size)  # [G, n]
+    ok = usable.view(-1, group_size).float()  # [G, n]
+    mean = (grouped * ok).sum(-1, keepdim=True) / ok.sum(-1, keepdim=True).clamp(min=1)  # [G, 1]
+    return torch.where(ok.bool(), grouped, mean).view(-1)  # [B]
+
+
+def policy_update(
+    model: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    batch: TokenBatch,
+    advantages: torch.Tensor,
+    cfg: Config,
+) -> dict[str, float]:
+    """Accumulate the PPO-clip (+ beta * k3) gradient over micro-batches. Returns detached stats."""
+    total_tokens = float(batch.loss_mask.sum())
+    total_sequences = float(batch.input_ids.shape[0])
+    sums: dict[str, float] = defaultdict(float)
+    for rows, piece in micro_batches(batch, cfg.micro_batch_size):
+        logprobs, entropy = forward_logprobs(model, piece, cfg.temperature, with_entropy=True)  # [b, l]
+        per_token, stats = ppo_clip_loss(
+            logprobs, piece.old_logprobs, advantages[rows], cfg.clip_low, cfg.clip_high, loss_mask=piece.loss_mask
+        )
+        if reference is not None:
+            with torch.no_grad():
+                ref_logprobs, _ = forward_logprobs(reference, piece, cfg.temperature)  # [b, l]
+            kl = kl_k3(logprobs, ref_logprobs)  # [b, l]
+            if cfg.beta > 0:
+                per_token = per_token + cfg.beta * kl
+            sums["kl"] += float((kl.detach() * piece.loss_mask).sum())
+        loss = aggregate_loss(per_token, piece.loss_mask, cfg.aggregation, total_tokens, total_sequences)
+        loss.backward()
+        weight = float(piece.loss_mask.sum())
+        sums["loss"] += float(loss.detach())
+        sums["entropy"] += float((entropy * piece.loss_mask).sum())
+        sums["clip_frac"] += stats["clip_fraction"] * weight
+        sums["ratio"] += stats["ratio_mean"] * weight
+    out = {"loss": sums["loss"]}
+    for key in ("entropy", "clip_frac", "ratio") + (("kl",) if reference is not None else ()):
+        out[key] = sums[key] / max(total_tokens, 1.0)
+    return out
+
+
+def rollout_metrics(trajectories: list[Trajectory], scores: list[Score]) -> dict[str, float]:
+    """Per-step means of reward, accuracy and tool use, overall and per difficulty."""
+    out: dict[str, float] = {}
+    by_difficulty: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajectories):
+        by_difficulty[t.episode.task.difficulty].append(i)
+    n = len(trajectories)
+    calls = sum(t.episode.count("tool_call") for t in trajectories)
+    invalid = sum(t.episode.count("invalid_call") for t in trajectories)
+    out["reward"] = sum(s.total for s in scores) / n
+    out["accuracy"] = sum(s.components.get("correct_answer", 0.0) for s in scores) / n
+    out["tool_calls"] = calls / n
+    out["invalid_call_rate"] = invalid / max(1, calls + invalid)
+    out["truncated_rate"] = sum(t.episode.truncated for t in trajectories) / n
+    out["infra_errors"] = sum(t.episode.infra_error is not None for t in trajectories)
+    out["response_tokens"] = sum(t.response_len for t in trajectories) / n
+    for difficulty, rows in sorted(by_difficulty.items()):
+        out[f"accuracy/{difficulty}"] = sum(scores[i].components.get("correct_answer", 0.0) for i in rows) / len(rows)
+        out[f"tool_calls/{difficulty}"] = sum(trajectories[i].episode.count("tool_call") for i in rows) / len(rows)
+    return out
+
+
+def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
+    """Run RL from `cfg.init_from` and return the folder of the final model (RUN_DIR/rl/final)."""
+    if not cfg.init_from:
+        raise ConfigError("init_from is empty: set it to the checkpoint RL starts from (for example RUN_DIR/sft/final)")
+    phase_dir = run_dir / "rl"
+    checkpoint = latest_checkpoint(phase_dir) if resume else None
+    policy = wrap_policy(*load_policy(checkpoint or cfg.init_from))
+    model = policy.model
+    reference = load_policy(cfg.init_from)[0].eval() if (cfg.beta > 0 or cfg.log_kl) else None
+    env = make_env(cfg.env)
+    rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.rl_lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
+    warmup = max(1, cfg.rl_warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    sampler = torch.Generator().manual_seed(cfg.seed)
+    start = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else 0
+    engine = make_engine(cfg, policy, sampler)
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    log.rewind("rl", start)
+    size = cfg.group_size
+
+    for step in tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps):
+        began = time.perf_counter()
+        # 1. Rollout: group_size episodes per task, contiguous.
+        tasks = env.tasks("train", cfg.prompts_per_step, seed=train_seed(cfg.seed, step))
+        trajectories = engine.run([task for task in tasks for _ in range(size)])
+        rollout_time = time.perf_counter() - began
+
+        # 2. Rewards -> group advantages; keep groups that carry signal.
+        scores = [rubric.score(t.episode) for t in trajectories]
+        usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
+        rewards = usable_rewards(torch.tensor([s.total for s in scores]), usable, size)  # [B]
+        advantages = group_advantages(rewards, size, scale_std=cfg.scale_std)  # [B]
+        groups = varied_groups(rewards, size) if cfg.dynamic_sampling else torch.ones(len(tasks), dtype=torch.bool)
+        keep = expand_group_mask(groups, size) & usable  # [B]
+
+        # 3. One PPO-clip step on the kept episodes' sampled tokens.
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        # Kept episodes sorted by length, so micro-batches carry little padding.
+        order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: len(trajectories[i].token_ids))
+        update: dict[str, float] = {}
+        grad_norm = 0.0
+        if order:
+            chosen = collate([trajectories[i] for i in order], policy.pad_id)
+            update = policy_update(model, reference, chosen, advantages[order], cfg)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+            optimizer.step()
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+
+        # 4. Log and checkpoint.
+        record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, scores), **update}
+        record.update({"kept_groups": int(groups.sum()), "grad_norm": grad_norm, "lr": lr})
+        record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
+        log.write(record)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:
+            save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, sampler, cfg.keep_checkpoints)
+
+    return save_final(phase_dir, model, policy.tokenizer)

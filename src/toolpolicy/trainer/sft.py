@@ -1,0 +1,98 @@
+"""SFT cold start: next-token loss on the assistant tokens of demonstration episodes.
+
+Demonstrations are replayed through the rollout engine (`setup.demonstrations`),
+so SFT trains on exactly the token framing RL will sample in, and the loss mask
+is the engine's: assistant tokens only, never the prompt or tool output.
+
+    toolpolicy sft CONFIG [--set key=value ...] [--resume RUN_DIR]
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from toolpolicy.algorithms import aggregate_loss
+from toolpolicy.model import load_policy
+from toolpolicy.rollout import Trajectory
+from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
+from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
+from toolpolicy.trainer.config import Config
+from toolpolicy.trainer.setup import build_embedded, demonstrations, wrap_policy
+
+
+def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
+    """LR multiplier: linear warm-up, then cosine decay to `floor` at `total`."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """The examples of `step`: a fresh shuffle every epoch, a pure function of step (the data cursor)."""
+    out = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+        epoch, offset = divmod(position, n)
+        order = list(range(n))
+        random.Random(f"sft/{seed}/{epoch}").shuffle(order)
+        out.append(order[offset])
+    return out
+
+
+def sft_loss(model: torch.nn.Module, examples: list[Trajectory], pad_id: int, micro_batch_size: int) -> float:
+    """Mean negative log-likelihood per assistant token; gradients accumulate in `model`."""
+    batch = collate(sorted(examples, key=lambda t: len(t.token_ids)), pad_id)  # similar lengths share a micro-batch
+    total_tokens = float(batch.loss_mask.sum())
+    total = 0.0
+    for _, piece in micro_batches(batch, micro_batch_size):
+        logprobs, _ = forward_logprobs(model, piece)  # [b, l]
+        loss = aggregate_loss(-logprobs, piece.loss_mask, "token_mean", total_tokens, len(examples))
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
+def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
+    """Run SFT and return the folder of the final model (RUN_DIR/sft/final)."""
+    phase_dir = run_dir / "sft"
+    base = run_dir / "model" if cfg.model == "embedded" else Path(cfg.model)
+    if cfg.model == "embedded" and not (base / "config.json").is_file():
+        build_embedded(cfg, base)
+    checkpoint = latest_checkpoint(phase_dir) if resume else None
+    policy = wrap_policy(*load_policy(checkpoint or base))
+    model = policy.model
+    examples = demonstrations(cfg, cfg.sft_examples, policy.encode, policy.decode, "sft")
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.sft_warmup_steps, cfg.sft_steps))
+    start = restore_state(checkpoint, optimizer, scheduler, None) if checkpoint else 0
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    log.rewind("sft", start)
+
+    model.train()
+    for step in tqdm(range(start, cfg.sft_steps), desc="sft", initial=start, total=cfg.sft_steps):
+        began = time.perf_counter()
+        chosen = [examples[i] for i in batch_indices(len(examples), cfg.sft_batch_size, step, cfg.seed)]
+        optimizer.zero_grad(set_to_none=True)
+        loss = sft_loss(model, chosen, policy.pad_id, cfg.micro_batch_size)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        tokens = sum(t.sampled_tokens for t in chosen)
+        elapsed = time.perf_counter() - began
+        log.write({"phase": "sft", "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed})
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.sft_steps:
+            save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, None, cfg.keep_checkpoints)
+
+    return save_final(phase_dir, model, policy.tokenizer)

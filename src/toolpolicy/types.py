@@ -1,0 +1,154 @@
+"""Plain data passed between layers: messages, tool calls, tool results, tasks, episodes.
+
+Nothing here imports anything but the standard library, so every layer can use
+these types without pulling in torch, tokenizers or a policy engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for, already decoded from its text."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class CallError:
+    """A tool call that could not be decoded from the model's text.
+
+    `kind` is one of: "unclosed_tag", "bad_json", "not_an_object", "missing_name",
+    "bad_arguments", "too_long". `raw` is the offending text, cut to a bounded size.
+    """
+
+    kind: str
+    message: str
+    raw: str = ""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message. Assistant messages may carry tool calls; tool messages carry
+    the result of one call (`name` is the tool that produced it)."""
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    name: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in self.tool_calls]
+        if self.name:
+            out["name"] = self.name
+        return out
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Message:
+        calls = tuple(ToolCall(c["name"], dict(c.get("arguments", {}))) for c in data.get("tool_calls", ()))
+        return Message(data["role"], data.get("content", ""), calls, data.get("name", ""))
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What the model is told about a tool: name, description, JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI / Hermes function-calling shape that chat templates embed."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+ErrorKind = Literal["unknown_tool", "invalid_arguments", "tool_error", "timeout", "denied", "infra"]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool call produced. `error` is None on success; otherwise it says whose
+    fault the failure was: the model's ("unknown_tool", "invalid_arguments",
+    "tool_error", "denied") or the machine's ("timeout", "infra")."""
+
+    content: str
+    error: ErrorKind | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem an environment poses. `answer` is the reference used for scoring;
+    `info` holds environment-specific facts (for `calc`: difficulty)."""
+
+    id: str
+    prompt: str
+    answer: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def difficulty(self) -> str:
+        return str(self.info.get("difficulty", "all"))
+
+
+EventKind = Literal["tool_call", "invalid_call", "tool_error", "truncated", "infra_error", "gate_deny"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened during an episode that rewards and metrics count.
+
+    tool_call: a call decoded, validated and run; invalid_call: a call that failed to
+    decode, named an unknown tool or broke its schema; tool_error: a valid call whose
+    tool raised; truncated: the episode hit max turns or max tokens.
+    """
+
+    kind: EventKind
+    turn: int
+    detail: str = ""
+
+
+@dataclass
+class Episode:
+    """The message-level record of one rollout, which is all a reward function sees."""
+
+    task: Task
+    messages: list[Message]
+    events: list[Event] = field(default_factory=list)
+    truncated: bool = False
+    infra_error: str | None = None
+
+    @property
+    def final_text(self) -> str:
+        """Content of the last assistant message, or "" if the model never answered."""
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.content
+        return ""
+
+    def count(self, kind: EventKind) -> int:
+        return sum(1 for event in self.events if event.kind == kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": {"id": self.task.id, "prompt": self.task.prompt, "answer": self.task.answer, "info": self.task.info},
+            "messages": [m.to_dict() for m in self.messages],
+            "events": [{"kind": e.kind, "turn": e.turn, "detail": e.detail} for e in self.events],
+            "truncated": self.truncated,
+            "infra_error": self.infra_error,
+        }

@@ -1,0 +1,22 @@
+"""Shared fixtures: one real smoke run of the whole job through the CLI, reused by the
+tests that need a trained model (building it once keeps the suite fast)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolpolicy.cli import main
+from toolpolicy.demo import default_config_path
+
+SMOKE = default_config_path().with_name("smoke.yaml")
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished `toolpolicy demo` run in the smoke configuration."""
+    run_dir = tmp_path_factory.mktemp("smoke") / "run"
+    code = main(["demo", "--config", str(SMOKE), "--set", f"run_dir={run_dir}"])
+    assert code == 0
+    return run_dir

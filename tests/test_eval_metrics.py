@@ -1,0 +1,134 @@
+"""pass@k, pass^k and the evaluation summary, against hand-computed values."""
+
+import doctest
+import json
+import math
+
+import pytest
+
+import toolpolicy.eval.metrics
+from toolpolicy.eval.metrics import EpisodeRecord, pass_at_k, pass_hat_k, summarize
+from toolpolicy.types import Episode, Event, Message, Task
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (4, 2, 2, 5 / 6),  # 1 - C(2,2)/C(4,2) = 1 - 1/6
+        (4, 1, 1, 0.25),  # k = 1 is c / n
+        (5, 2, 3, 0.9),  # 1 - C(3,3)/C(5,3) = 1 - 1/10
+        (5, 0, 3, 0.0),  # nothing correct
+        (3, 3, 1, 1.0),  # everything correct
+        (4, 2, 3, 1.0),  # n - c < k: every draw of 3 contains a correct one
+    ],
+)
+def test_pass_at_k_by_hand(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (4, 2, 2, 1 / 6),  # C(2,2)/C(4,2)
+        (5, 3, 2, 0.3),  # C(3,2)/C(5,2) = 3/10
+        (4, 1, 2, 0.0),  # c < k
+        (4, 4, 4, 1.0),
+        (4, 3, 1, 0.75),  # k = 1 is c / n
+    ],
+)
+def test_pass_hat_k_by_hand(n, c, k, expected):
+    assert pass_hat_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_estimators_match_binomials():
+    for n in range(1, 12):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+                assert pass_hat_k(n, c, k) == pytest.approx(math.comb(c, k) / math.comb(n, k))
+
+
+def test_pass_at_k_is_stable_for_large_n():
+    # C(1000, 500) overflows a float; the product form does not.
+    assert 0.0 <= pass_at_k(1000, 3, 500) <= 1.0
+    assert pass_hat_k(1000, 999, 500) == pytest.approx(0.5)  # (1000-500)/1000
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(2, 1, 3), (2, 3, 1), (2, 1, 0)])
+def test_pass_estimators_reject_bad_counts(n, c, k):
+    with pytest.raises(ValueError):
+        pass_at_k(n, c, k)
+    with pytest.raises(ValueError):
+        pass_hat_k(n, c, k)
+
+
+def record(task_id, difficulty, correct, tool_calls=1, invalid_calls=0, truncated=False, infra=False, tokens=100):
+    return EpisodeRecord(task_id, difficulty, correct, tool_calls, invalid_calls, truncated, infra, tokens)
+
+
+def test_summarize_uneven_trials_and_infra_exclusion():
+    records = [
+        # task a (easy): 4 trials, 2 correct
+        record("a", "easy", True, tool_calls=2, tokens=100),
+        record("a", "easy", True, tool_calls=2, tokens=100),
+        record("a", "easy", False, tool_calls=0, invalid_calls=2, tokens=200),
+        record("a", "easy", False, tool_calls=0, truncated=True, tokens=400),
+        # task b (hard): 2 trials, both correct
+        record("b", "hard", True, tool_calls=1, tokens=50),
+        record("b", "hard", True, tool_calls=1, tokens=50),
+        # infra failures: excluded everywhere, would otherwise lower b's accuracy and add task c
+        record("b", "hard", False, tool_calls=9, invalid_calls=9, tokens=999, infra=True),
+        record("c", "hard", False, infra=True),
+    ]
+    summary = summarize(records)
+    assert summary["infra_errors"] == 2
+    assert summary["n"] == 6
+    assert summary["accuracy"] == pytest.approx(4 / 6)
+    assert summary["tool_calls_per_episode"] == pytest.approx(6 / 6)  # 2 + 2 + 0 + 0 + 1 + 1
+    assert summary["invalid_call_rate"] == pytest.approx(2 / 8)  # 2 invalid / (6 valid + 2 invalid)
+    assert summary["truncated_rate"] == pytest.approx(1 / 6)
+    assert summary["tokens_per_episode"] == pytest.approx(900 / 6)
+    # fewest trials per task is 2, so k in {1, 2}.
+    # pass@1: mean(2/4, 2/2) = 0.75. pass@2: mean(5/6, 1) = 11/12. pass^2: mean(1/6, 1) = 7/12.
+    assert summary["pass_at_k"] == pytest.approx({"1": 0.75, "2": 11 / 12})
+    assert summary["pass_hat_k"] == pytest.approx({"1": 0.75, "2": 7 / 12})
+
+    easy, hard = summary["by_difficulty"]["easy"], summary["by_difficulty"]["hard"]
+    assert list(summary["by_difficulty"]) == ["easy", "hard"]
+    assert easy["n"] == 4 and easy["accuracy"] == pytest.approx(0.5)
+    assert easy["invalid_call_rate"] == pytest.approx(2 / 6)
+    # easy has 4 trials of its single task, so k goes up to 4: pass@4 = 1, pass^4 = 0.
+    assert easy["pass_at_k"] == pytest.approx({"1": 0.5, "2": 5 / 6, "4": 1.0})
+    assert easy["pass_hat_k"] == pytest.approx({"1": 0.5, "2": 1 / 6, "4": 0.0})
+    assert hard["n"] == 2 and hard["accuracy"] == 1.0 and hard["tokens_per_episode"] == 50
+    assert set(easy) == set(summary) - {"by_difficulty", "infra_errors"}
+    json.dumps(summary)  # JSON-ready
+
+
+def test_summarize_empty_and_all_infra():
+    for records in ([], [record("a", "easy", True, infra=True)]):
+        summary = summarize(records)
+        assert summary["n"] == 0 and summary["accuracy"] == 0.0
+        assert summary["pass_at_k"] == {} and summary["by_difficulty"] == {}
+    assert summarize([record("a", "easy", True, infra=True)])["infra_errors"] == 1
+
+
+def test_record_from_episode():
+    task = Task("t7", "2+2?", "4", {"difficulty": "medium"})
+    ep = Episode(
+        task,
+        [Message("user", "2+2?"), Message("assistant", "Answer: 4")],
+        [Event("tool_call", 0), Event("invalid_call", 0), Event("invalid_call", 1), Event("tool_call", 1)],
+        truncated=True,
+        infra_error="calculator timed out",
+    )
+    assert EpisodeRecord.from_episode(ep, correct=False, tokens=321) == EpisodeRecord(
+        "t7", "medium", False, 2, 2, True, True, 321
+    )
+    clean = Episode(Task("t8", "?", "1"), [])
+    assert EpisodeRecord.from_episode(clean, True, 0) == EpisodeRecord("t8", "all", True, 0, 0, False, False, 0)
+
+
+def test_docstring_examples():
+    result = doctest.testmod(toolpolicy.eval.metrics)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,292 @@
+"""Gate.decide on concrete cases: checks before rules, limits, ask and the approver, the
+observation the model sees, the ledger, and fuzzed calls that must never raise."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toolpolicy.gate import AuditLog, Decision, Gate, Ledger, Policy, verify
+from toolpolicy.types import ToolCall, ToolSpec
+
+SPECS = [
+    ToolSpec(
+        "read_file",
+        "read",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    ),
+    ToolSpec(
+        "search",
+        "search",
+        {
+            "type": "object",
+            "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}, "filters": {"type": "object"}},
+            "required": ["query"],
+        },
+    ),
+]
+
+POLICY = """
+default: deny
+rules:
+  - id: read-work
+    effect: permit
+    tools: [read_file]
+    when: args.path.startsWith('/work/')
+  - id: no-dotdot
+    effect: forbid
+    tools: [read_file]
+    when: args.path.contains('..')
+    reason: paths may not contain '..'
+    hint: use an absolute path under /work
+  - id: search-verified
+    effect: permit
+    tools: [search]
+    when: has(state.verified) && state.verified
+  - id: search-big
+    effect: ask
+    tools: [search]
+    when: has(args.limit) && args.limit > 100
+    reason: big searches need approval
+  - id: broken-permit
+    effect: permit
+    tools: [search]
+    when: args.missing == 1
+limits:
+  max_calls: {read_file: 2, "*": 5}
+  max_consecutive_errors: {search: 2}
+redact: ['sk-[a-z]{6,}']
+"""
+
+
+def gate(**kwargs: Any) -> Gate:
+    return Gate(Policy.from_yaml(POLICY, "test.yaml"), SPECS, **kwargs)
+
+
+def read(path: str) -> ToolCall:
+    return ToolCall("read_file", {"path": path})
+
+
+def test_permit_forbid_and_default() -> None:
+    g = gate()
+    assert g.decide(read("/work/a.txt")).rule_ids == ("read-work",)
+    denied = g.decide(read("/work/../etc/passwd"))
+    assert (denied.effect, denied.rule_ids) == ("deny", ("no-dotdot",))
+    assert denied.observation() == (
+        "Tool call denied by policy (rule no-dotdot): paths may not contain '..'. Hint: use an absolute path under /work."
+    )
+    fallback = g.decide(read("/etc/hosts"))
+    assert (fallback.effect, fallback.rule_ids) == ("deny", ("default:deny",))
+    assert "no rule permits calling read_file" in fallback.observation()
+
+
+def test_unknown_tools_and_bad_arguments_are_denied_before_any_rule() -> None:
+    g = gate()
+    unknown = g.decide(ToolCall("rm_rf", {}))
+    assert unknown.rule_ids == ("gate:unknown_tool",) and "read_file, search" in unknown.observation()
+    for args in ({"path": 3}, {}, {"path": "/work/a", "extra": 1}, ["not", "an", "object"]):
+        decision = g.decide(ToolCall("read_file", args))  # type: ignore[arg-type]
+        assert decision.rule_ids == ("gate:invalid_arguments",), args
+    assert "'path' is a required property" in g.decide(ToolCall("read_file", {})).reason
+
+
+def test_state_and_an_erroring_permit() -> None:
+    g = gate()
+    call = ToolCall("search", {"query": "x"})
+    denied = g.evaluate(call, Ledger())
+    assert denied.effect == "deny" and "broken-permit could not be evaluated" in denied.reason
+    assert g.evaluate(call, Ledger(facts={"verified": True})).rule_ids == ("search-verified",)
+
+
+def test_ask_goes_to_the_approver_and_without_one_is_denied() -> None:
+    call = ToolCall("search", {"query": "x", "limit": 500})
+    ledger = Ledger(facts={"verified": True})
+    assert gate().evaluate(call, ledger).effect == "ask"
+    no_approver = gate().decide(call, ledger)
+    assert no_approver.effect == "deny" and "none is available" in no_approver.reason
+    assert no_approver.observation().startswith("Tool call denied by policy (rule search-big): big searches")
+
+    seen: list[Decision] = []
+
+    def approve(c: ToolCall, d: Decision) -> bool:
+        seen.append(d)
+        return c.arguments["limit"] < 1000
+
+    approved = gate(approver=approve).decide(call, ledger)
+    assert (approved.effect, approved.rule_ids) == ("allow", ("search-big",))
+    assert seen[0].effect == "ask" and seen[0].decision_id == approved.decision_id
+    assert gate(approver=approve).decide(ToolCall("search", {"query": "x", "limit": 5000}), ledger).effect == "deny"
+
+    def explode(c: ToolCall, d: Decision) -> bool:
+        raise RuntimeError("approver down")
+
+    failed = gate(approver=explode).decide(call, ledger)
+    assert failed.effect == "deny" and "approver failed" in failed.reason
+    assert gate(approver=lambda c, d: "yes").decide(call, ledger).effect == "deny"  # only True approves
+
+
+def test_limits_and_the_retry_budget() -> None:
+    g, ledger = gate(), Ledger()
+    for _ in range(2):
+        assert g.decide(read("/work/a"), ledger).allowed
+        ledger.record(read("/work/a"), "ok")
+    over = g.decide(read("/work/a"), ledger)
+    assert over.rule_ids == ("limit:max_calls:read_file",) and "at most 2 times" in over.observation()
+
+    ledger = Ledger(facts={"verified": True})
+    search = ToolCall("search", {"query": "q"})
+    ledger.record(search, "error")
+    ledger.record(read("/work/x"), "denied")  # a denial neither resets nor counts
+    assert g.decide(search, ledger).allowed
+    ledger.record(search, "error")
+    assert g.decide(search, ledger).rule_ids == ("limit:max_consecutive_errors:search",)
+    ledger.record(search, "ok")  # hypothetically; a success resets the run of errors
+    assert g.decide(search, ledger).allowed
+
+    ledger = Ledger(facts={"verified": True})
+    for _ in range(5):
+        ledger.record(search, "ok")
+    assert g.decide(read("/work/a"), ledger).rule_ids == ("limit:max_calls:*",)
+
+
+def test_ledger_records_history_counts_and_errors() -> None:
+    ledger = Ledger()
+    ledger.record(read("/work/a"), "ok")
+    ledger.record(read("/work/b"), "denied")
+    ledger.record(ToolCall("search", {"q": object()}), "error")
+    assert ledger.counts == {"read_file": 1, "search": 1}
+    assert [h["outcome"] for h in ledger.history] == ["ok", "denied", "error"]
+    assert ledger.history[2]["args"] == {"_unrepresentable": True}
+    assert ledger.consecutive_errors == {"read_file": 0, "*": 1, "search": 1}
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        ledger.record(read("/work/a"), "maybe")  # type: ignore[arg-type]
+
+
+def test_history_is_visible_to_conditions() -> None:
+    policy = Policy.from_dict(
+        {
+            "default": "allow",
+            "rules": [
+                {
+                    "id": "after-denial",
+                    "effect": "forbid",
+                    "tools": "*",
+                    "reason": "locked",
+                    "when": "history.exists(h, h.outcome == 'denied' && h.name == tool)",
+                }
+            ],
+        }
+    )
+    g, ledger = Gate(policy, SPECS), Ledger()
+    assert g.decide(read("/a"), ledger).allowed
+    ledger.record(read("/a"), "denied")
+    assert g.decide(read("/b"), ledger).rule_ids == ("after-denial",)
+    assert g.decide(ToolCall("search", {"query": "q"}), ledger).allowed
+
+
+def test_redaction_and_a_non_boolean_condition() -> None:
+    g = gate()
+    assert g.redact("key=sk-abcdefgh end") == "key=[REDACTED] end"
+    policy = Policy.from_dict(
+        {
+            "default": "allow",
+            "rules": [{"id": "count", "effect": "forbid", "tools": "*", "when": "size(history)", "reason": "r"}],
+        }
+    )
+    decision = Gate(policy, SPECS).decide(read("/a"))
+    assert decision.effect == "deny" and "not a boolean" in decision.reason
+
+
+def test_decide_logs_each_decision_once(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl")
+    g = gate(audit=log)
+    decisions = [g.decide(read(p)) for p in ("/work/a", "/work/../b", "/etc/c")]
+    g.evaluate(read("/work/d"))  # evaluate alone is not acted on, so it is not logged
+    log.close()
+    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    assert [d.decision_id for d in decisions] == [__import__("json").loads(line)["decision_id"] for line in lines]
+    assert verify(tmp_path / "audit.jsonl").ok
+
+
+def test_an_invalid_tool_schema_is_refused() -> None:
+    with pytest.raises(ValueError, match="tool 'x' has an invalid JSON schema"):
+        Gate(Policy.from_dict({}), [ToolSpec("x", "x", {"type": "no-such-type"})])
+
+
+# ---------------------------------------------------------------- never raises
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class Hostile:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for you")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no eq either")
+
+    __hash__ = object.__hash__
+
+
+JSONISH = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**80), 2**80),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=40),
+        st.sampled_from(["..", "/work/a", "\ud800", "sk-abcdefghij", "x" * 70000]),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+ODD = st.one_of(
+    JSONISH,
+    st.sampled_from(
+        [b"bytes", Hostile(), (1, 2), {1: "int key"}, {"k": {3, 4}}, math.nan, _nested(200), _nested(20_000)]
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.sampled_from(["read_file", "search", "nope", ""]), st.none(), st.integers()),
+    st.one_of(st.dictionaries(st.sampled_from(["path", "query", "limit", "filters", "x"]), ODD, max_size=4), ODD),
+    st.dictionaries(st.sampled_from(["verified", "level"]), ODD, max_size=2),
+)
+def test_decide_never_raises_on_random_calls(name: Any, args: Any, facts: dict[str, Any]) -> None:
+    g = Gate(Policy.from_yaml(POLICY, "test.yaml"), SPECS, approver=lambda c, d: True)
+    ledger = Ledger(facts=facts)
+    ledger.record(ToolCall("search", args if isinstance(args, dict) else {}), "ok")
+    decision = g.decide(ToolCall(name, args), ledger)
+    assert decision.effect in ("allow", "deny")
+    assert isinstance(decision.observation(), str)
+
+
+def test_hostile_nesting_is_denied_not_crashed() -> None:
+    g = gate()
+    deep = g.decide(
+        ToolCall("search", {"query": "q", "filters": {"a": _nested(100_000)}}), Ledger(facts={"verified": True})
+    )
+    assert deep.rule_ids == ("gate:invalid_arguments",) and "nested more than" in deep.reason
+    # a ledger fact too deep to convert makes every condition an error: forbids deny, permits do not match
+    weird = g.decide(ToolCall("search", {"query": "q"}), Ledger(facts={"verified": _nested(100_000)}))
+    assert weird.effect == "deny"

@@ -1,0 +1,270 @@
+"""Loading policies: every mistake is refused at load with the file, the rule id and the
+problem; nothing but PolicyError ever escapes, whatever the YAML holds."""
+
+from __future__ import annotations
+
+import contextlib
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toolpolicy.gate import Gate, Policy, PolicyError
+from toolpolicy.gate.policy import CEL_FUNCTIONS, MAX_CONDITION_CHARS
+from toolpolicy.types import ToolSpec
+
+WORKSPACE = Path(__file__).resolve().parents[1] / "examples" / "policies" / "workspace.yaml"
+
+GOOD = """
+default: deny
+rules:
+  - id: read-work
+    effect: permit
+    tools: [read_file]
+    when: args.path.startsWith('/work/')
+  - id: no-dotdot
+    effect: forbid
+    tools: "*"
+    when: "has(args.path) && args.path.contains('..')"
+    reason: no traversal
+    hint: stay in /work
+limits:
+  max_calls: {read_file: 3, "*": 10}
+  max_consecutive_errors: {"*": 2}
+redact: ['sk-[A-Za-z0-9]{10,}']
+"""
+
+
+def load(text: str) -> Policy:
+    return Policy.from_yaml(textwrap.dedent(text), source="test.yaml")
+
+
+def problems_of(text: str) -> list[str]:
+    with pytest.raises(PolicyError) as caught:
+        load(text)
+    assert caught.value.source == "test.yaml"
+    assert str(caught.value).startswith("test.yaml:")
+    return caught.value.problems
+
+
+def one_rule(**fields: object) -> str:
+    rule = {"id": "r1", "effect": "forbid", "tools": ["t"], "reason": "because", **fields}
+    return yaml.safe_dump({"rules": [{k: v for k, v in rule.items() if v is not None}]})
+
+
+def test_a_good_policy_loads_with_its_rules_limits_and_patterns() -> None:
+    policy = load(GOOD)
+    assert [r.id for r in policy.rules] == ["read-work", "no-dotdot"]
+    assert policy.rules[1].tools is None and policy.rules[1].hint == "stay in /work"
+    assert policy.limits.max_calls == {"read_file": 3, "*": 10}
+    assert policy.redact("token sk-abcdefghijklmn!") == "token [REDACTED]!"
+    assert policy.tool_names() == {"read_file"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (one_rule(effect="forbidd"), "rule 'r1': effect 'forbidd' must be one of permit, forbid, ask"),
+        (one_rule(colour="red"), "rule 'r1': unknown key 'colour'"),
+        (one_rule(when="args.path.startsWith("), "rule 'r1': when does not compile as CEL"),
+        (one_rule(when="argz.path == 'x'"), "rule 'r1': when reads unknown variable(s) argz"),
+        (one_rule(when="args.p.lowerAscii() == 'x'"), "rule 'r1': when calls unknown function(s) lowerAscii"),
+        (one_rule(when=True), "rule 'r1': when must be a CEL expression string, not a boolean"),
+        (one_rule(when=" "), "rule 'r1': when is empty"),
+        (one_rule(when="true || " * 600 + "true"), f"the limit is {MAX_CONDITION_CHARS}"),
+        (one_rule(reason=""), "rule 'r1': a forbid rule needs a 'reason'"),
+        (one_rule(tools=None), "rule 'r1': missing 'tools'"),
+        (one_rule(tools=[]), "rule 'r1': tools must be a non-empty list"),
+        (one_rule(tools=["a", "*"]), "rule 'r1': write tools: \"*\" on its own"),
+        (one_rule(tools=[3]), "rule 'r1': tool names must be non-empty strings"),
+        (one_rule(id="has:colon"), "id 'has:colon' must be 1-64 letters"),
+        (one_rule(id=None), "rules[0]: missing 'id'"),
+        (yaml.safe_dump({"rules": [{"id": "a", "effect": "permit", "tools": "*"}] * 2}), "rule 'a': duplicate id"),
+        ("default: maybe", "default must be 'allow' or 'deny', not 'maybe'"),
+        ("rulez: []", "unknown top-level key 'rulez'"),
+        ("rules: {id: a}", "rules must be a list of rules, not a mapping"),
+        ("rules: [just-a-string]", "rules[0]: a rule must be a mapping"),
+        ("limits: {max_calls: {t: -1}}", "limits.max_calls.t: -1 must be a whole number >= 0"),
+        ("limits: {max_calls: {t: true}}", "limits.max_calls.t: True must be a whole number >= 0"),
+        ("limits: {max_retries: {t: 1}}", "limits: unknown key 'max_retries'"),
+        ("redact: ['(unclosed']", "redact[0]: '(unclosed' is not a valid regular expression"),
+        ("redact: ['a*']", "redact[0]: 'a*' matches the empty string"),
+        ("- a list", "a policy must be a mapping"),
+        ("default: [unclosed", "not valid YAML"),
+        ("rules:\n  - id: a\n    id: b\n    effect: permit\n    tools: '*'", "duplicate key 'id'"),
+    ],
+)
+def test_each_load_error_names_the_rule_and_the_problem(text: str, expected: str) -> None:
+    problems = problems_of(text)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    text = yaml.safe_dump(
+        {
+            "default": "nope",
+            "rules": [
+                {"id": "a", "effect": "permit", "tools": "*", "when": "args.x >"},
+                {"id": "b", "effect": "forbid", "tools": "*", "when": "true"},
+            ],
+        }
+    )
+    problems = problems_of(text)
+    assert len(problems) == 3, problems
+    assert any("rule 'a'" in p for p in problems) and any("rule 'b'" in p and "reason" in p for p in problems)
+
+
+def test_load_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(one_rule(effect="nope"))
+    with pytest.raises(PolicyError, match=r"broken\.yaml: rule 'r1': effect"):
+        Policy.load(path)
+    with pytest.raises(PolicyError, match="cannot read"):
+        Policy.load(tmp_path / "missing.yaml")
+
+
+def test_the_hash_ignores_formatting_but_not_content() -> None:
+    policy = load(GOOD)
+    reformatted = yaml.safe_dump(yaml.safe_load(GOOD), default_flow_style=True)
+    assert load(reformatted).hash == policy.hash
+    assert load(GOOD.replace("max_calls: {read_file: 3", "max_calls: {read_file: 4")).hash != policy.hash
+    assert len(policy.hash) == 64
+
+
+def test_rules_are_indexed_by_tool() -> None:
+    rules = [{"id": f"r{i}", "effect": "permit", "tools": [f"tool{i}"]} for i in range(200)]
+    rules.append({"id": "everywhere", "effect": "forbid", "tools": "*", "reason": "x"})
+    policy = Policy.from_dict({"rules": rules})
+    found = policy.rules_for("tool7")
+    assert [r.id for r in found.permit] == ["r7"] and [r.id for r in found.forbid] == ["everywhere"]
+    assert policy.rules_for("tool7") is found  # computed once
+    assert [r.id for r in policy.rules_for("other").permit] == []
+
+
+def test_gate_refuses_a_policy_naming_a_tool_it_does_not_have() -> None:
+    spec = ToolSpec("read_file", "read", {"type": "object", "properties": {"path": {"type": "string"}}})
+    with pytest.raises(PolicyError, match="rule 'read-work': names unknown tool 'read_fil'"):
+        Gate(load(GOOD.replace("[read_file]", "[read_fil]").replace("read_file: 3", "read_fil: 3")), [spec])
+    Gate(load(GOOD), [spec])  # the real name is fine
+
+
+def test_the_shipped_example_policy_loads() -> None:
+    policy = Policy.load(WORKSPACE)
+    assert len(policy.rules) >= 15 and policy.default == "deny"
+
+
+# ---------------------------------------------------------------- fuzzing
+
+KEYS = [
+    "default",
+    "rules",
+    "limits",
+    "redact",
+    "id",
+    "effect",
+    "tools",
+    "when",
+    "reason",
+    "hint",
+    "max_calls",
+    "max_consecutive_errors",
+    "*",
+    "x",
+]
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 10**20),
+    st.floats(allow_nan=True),
+    st.sampled_from(
+        [
+            "allow",
+            "deny",
+            "permit",
+            "forbid",
+            "ask",
+            "*",
+            "true",
+            "args.x == 1",
+            "args.",
+            "(",
+            "a*",
+            "[",
+            "history.exists(h, h.outcome == 'denied')",
+            "x" * 5000,
+            "\x00",
+            "\ud800",
+        ]
+    ),
+    st.text(max_size=30),
+)
+STRUCTURES = st.recursive(
+    SCALARS,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=5)), children, max_size=5),
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(STRUCTURES)
+def test_random_structures_load_or_raise_policy_error(data: object) -> None:
+    with contextlib.suppress(PolicyError):
+        Policy.from_dict(data, "fuzz")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("abcdeflorsuwy:-[]{}*&!|>'\"\n #%@`?,.()\\0123456789")), max_size=200))
+def test_random_yaml_text_loads_or_raises_policy_error(text: str) -> None:
+    with contextlib.suppress(PolicyError):
+        Policy.from_yaml(text, "fuzz")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_mutated_example_policy_loads_or_raises_policy_error(data: st.DataObject) -> None:
+    text = WORKSPACE.read_text()
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(text)))
+        span = data.draw(st.integers(0, 20))
+        insert = data.draw(st.text(alphabet="abc:- '\"\n[]{}()|&*\\!.", max_size=5))
+        text = text[:at] + insert + text[at + span :]
+    with contextlib.suppress(PolicyError):
+        Policy.from_yaml(text, "fuzz")
+
+
+def test_yaml_bombs_and_odd_constructs_are_policy_errors() -> None:
+    bomb = "a: &a [x, x]\nb: &b [*a, *a]\nc: &c [*b, *b]\nd: &d [*c, *c]\nrules: [*d, *d]"
+    for text in [
+        bomb,
+        "!!python/object:os.system ls",
+        "default: !!binary aGVsbG8=",
+        "? [a, b]\n: c",
+        "when: 2020-13-45",
+        "[" * 5000,
+        "{" * 5000,
+    ]:
+        with pytest.raises(PolicyError):
+            Policy.from_yaml(text, "odd")
+
+
+def test_every_allowed_cel_function_exists_in_the_installed_cel() -> None:
+    """The load-time function allowlist must not promise what the CEL binding lacks."""
+    ts = "timestamp('2024-03-04T05:06:07.891Z')"
+    samples = {
+        "size": "size('ab') == 2", "contains": "'ab'.contains('b')", "startsWith": "'ab'.startsWith('a')",
+        "endsWith": "'ab'.endsWith('b')", "matches": "'ab'.matches('^a')", "int": "int('1') == 1",
+        "uint": "uint(1) == 1u", "double": "double(1) == 1.0", "string": "string(1) == '1'",
+        "bytes": "bytes('a') == b'a'", "timestamp": f"{ts} > timestamp('2000-01-01T00:00:00Z')",
+        "duration": "duration('1s') > duration('0s')", "type": "type(1) == int", "dyn": "dyn(1) == 1",
+    }  # fmt: skip
+    samples |= {name: f"{ts}.{name}() >= 0" for name in CEL_FUNCTIONS if name.startswith("get")}
+    assert set(samples) == set(CEL_FUNCTIONS)
+    for name, source in samples.items():
+        policy = Policy.from_dict({"rules": [{"id": "r", "effect": "permit", "tools": "*", "when": source}]})
+        assert policy.rules[0].program.execute({}) is True, name
