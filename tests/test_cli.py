@@ -107,3 +107,18 @@ def test_killed_run_resumes_exactly(smoke_run: Path, tmp_path: Path):
 
     assert [r["step"] for r in _rl_metrics(killed)] == [1, 2, 3, 4, 5, 6]
     assert _rl_metrics(killed) == _rl_metrics(straight)
+
+
+def test_demo_starts_from_a_cold_start_checkpoint(smoke_run: Path, tmp_path: Path):
+    run_dir = tmp_path / "warm"
+    code = main(["demo", "--config", str(SMOKE), "--set", f"run_dir={run_dir}",
+                 "--set", f"cold_start={smoke_run / 'sft' / 'final'}", "--set", "rl_steps=2"])
+    assert code == 0
+    assert not (run_dir / "sft").exists(), "SFT must be skipped with a cold start"
+    assert (run_dir / "rl" / "final" / "model.safetensors").is_file() and (run_dir / "report.html").is_file()
+
+
+def test_missing_cold_start_is_a_clear_error(tmp_path: Path, capsys):
+    code = main(["demo", "--config", str(SMOKE), "--set", f"run_dir={tmp_path / 'x'}", "--set", f"cold_start={tmp_path / 'nope'}"])
+    assert code == 2
+    assert "nope" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from toolpolicy.types import Message, ToolCall
 TEMPLATE = make_template(compact=True)
 
 
-def scripted_engine(scripts: dict[int, list[Message]], encode, decode, limits: Limits = Limits(max_tokens=4000)) -> RolloutEngine:
+def scripted_engine(scripts: dict[int, list[Message]], encode, decode, limits: Limits = Limits(max_tokens=4000, max_turn_tokens=400)) -> RolloutEngine:
     backend = ScriptedBackend(scripts, TEMPLATE.render_assistant, encode)
     return RolloutEngine(CalcEnv(), TEMPLATE, encode, decode, backend, limits)
 
@@ -119,3 +119,32 @@ def test_rollout_logprobs_match_trainer_recompute_on_multi_turn(smoke_run):
     mask = batch.loss_mask.bool()
     ratio = (recomputed[mask] - batch.old_logprobs[mask]).exp()
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4), float((ratio - 1).abs().max())
+
+
+def test_gate_denial_becomes_an_observation_and_the_tool_never_runs(tmp_path):
+    from toolpolicy.gate import AuditLog, Gate, Policy, verify
+
+    policy = Policy.from_dict(
+        {
+            "default": "allow",
+            "rules": [
+                {"id": "no-powers", "effect": "forbid", "tools": ["calculator"], "when": 'args.expression.contains("**")',
+                 "reason": "powers are not allowed", "hint": "multiply instead"}
+            ],
+        },
+        "test-policy",
+    )
+    env = CalcEnv()
+    log = tmp_path / "audit.jsonl"
+    gate = Gate(policy, env.tools, audit=AuditLog(log))
+    encode, decode = char_codec()
+    power = Message("assistant", "", (ToolCall("calculator", {"expression": "2 ** 10"}),))
+    backend = ScriptedBackend({0: [power, GOOD, ANSWER]}, TEMPLATE.render_assistant, encode)
+    engine = RolloutEngine(env, TEMPLATE, encode, decode, backend, Limits(max_tokens=4000, max_turn_tokens=400), gate)
+    (trajectory,) = engine.run(env.tasks("train", 1, seed=3))
+    episode = trajectory.episode
+    denial, result = [m.content for m in episode.messages if m.role == "tool"]
+    assert "no-powers" in denial and "powers are not allowed" in denial and "1024" not in denial
+    assert result == "84"
+    assert [e.kind for e in episode.events] == ["gate_deny", "tool_call"]
+    assert verify(log).ok and verify(log).records == 2

@@ -134,3 +134,16 @@ def test_rubric_unknown_name_lists_valid_names():
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_excess_tool_calls_counts_calls_beyond_the_fewest_needed():
+    from toolpolicy.rewards import excess_tool_calls
+
+    two_calls = [Event("tool_call", 0), Event("tool_call", 1), Event("invalid_call", 1)]
+    easy = Task("e", "What is 2 + 3?", "5", {"min_tool_calls": 0})
+    hard = Task("h", "What is 123 * 45?", "5535", {"min_tool_calls": 1})
+    unknown = Task("u", "?", "1", {})
+    assert excess_tool_calls(Episode(easy, [], two_calls)) == 2.0  # both calls needless; invalid ones are not calls
+    assert excess_tool_calls(Episode(hard, [], two_calls)) == 1.0  # one needed, one extra
+    assert excess_tool_calls(Episode(hard, [], [])) == 0.0  # too few is not excess
+    assert excess_tool_calls(Episode(unknown, [], two_calls)) == 0.0  # no count given: every call needed

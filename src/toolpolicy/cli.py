@@ -37,7 +37,59 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--after", default="rl")
 
     commands.add_parser("config", help="list every config field with its default and meaning")
+
+    audit = commands.add_parser("audit", help="audit logs of gate decisions").add_subparsers(dest="audit_command", required=True)
+    verify_log = audit.add_parser("verify", help="check a log's hash chain, head file and signatures")
+    verify_log.add_argument("log")
+    verify_log.add_argument("--public-key", default=None, help="Ed25519 public key (PEM) to check signatures")
+
+    gate = commands.add_parser("gate", help="policy gate tools").add_subparsers(dest="gate_command", required=True)
+    check = gate.add_parser("check", help="print the gate's decision for one call")
+    check.add_argument("policy")
+    check.add_argument("--tool", required=True)
+    check.add_argument("--args", default="{}", help="the call's arguments as a JSON object")
+    check.add_argument("--state", default="{}", help="episode ledger facts as a JSON object")
+    check.add_argument("--tools", default=None, help="JSON file of tool specs (name, description, parameters)")
+    check.add_argument("--env", default="calc", help="take the tool specs from this environment when --tools is not given")
     return parser
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    from toolpolicy.gate import verify
+
+    result = verify(args.log, args.public_key)
+    for warning in result.warnings:
+        print(f"warning: {warning}")
+    for problem in result.problems:
+        print(f"problem: {problem}")
+    signed = ", signatures checked" if result.signatures_checked else ""
+    print(f"{args.log}: {'OK' if result.ok else 'FAILED'}: {result.records} records{signed}")
+    return 0 if result.ok else 1
+
+
+def _gate_check(args: argparse.Namespace) -> int:
+    import json
+
+    from toolpolicy.gate import Gate, Ledger, Policy
+    from toolpolicy.types import ToolCall, ToolSpec
+
+    try:
+        call_args, facts = json.loads(args.args), json.loads(args.state)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--args/--state must be JSON objects: {exc}") from None
+    if args.tools:
+        specs = [ToolSpec(s["name"], s.get("description", ""), s["parameters"]) for s in json.loads(Path(args.tools).read_text())]
+    else:
+        from toolpolicy.envs import make_env
+
+        specs = make_env(args.env).tools.specs()
+    ledger = Ledger()
+    ledger.facts.update(facts if isinstance(facts, dict) else {})
+    decision = Gate(Policy.load(args.policy), specs).evaluate(ToolCall(args.tool, call_args), ledger)
+    print(json.dumps({"effect": decision.effect, "rule_ids": list(decision.rule_ids), "reason": decision.reason, "hint": decision.hint}, indent=2))
+    if not decision.allowed:
+        print(decision.observation())
+    return 0 if decision.allowed else 1
 
 
 def _resolve(args: argparse.Namespace) -> Config:
@@ -59,11 +111,27 @@ def _newest_model(run_dir: Path) -> Path:
     raise FileNotFoundError(f"{run_dir}: no model found (looked in rl/final, sft/final, model); set eval_checkpoint")
 
 
+def _quiet_libraries() -> None:
+    """Our own progress bars show every phase; the per-file ones of transformers add only noise."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("demo", "sft", "train", "eval"):
+        _quiet_libraries()
     try:
         if args.command == "config":
             print(describe_fields())
+        elif args.command == "audit":
+            return _audit_verify(args)
+        elif args.command == "gate":
+            return _gate_check(args)
         elif args.command == "report":
             from toolpolicy.report.__main__ import main as report_main
 

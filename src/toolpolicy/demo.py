@@ -30,8 +30,12 @@ def run_demo(cfg: Config) -> dict:
     run_dir = prepare_run_dir(cfg)
     say(f"run folder: {run_dir}")
 
-    say("1/5 building the embedded model and SFT cold start on imperfect demonstrations")
-    sft_final = train_sft(cfg, run_dir)
+    if cfg.cold_start:
+        say(f"1/5 cold start: the SFT checkpoint {cfg.cold_start} (run it yourself with cold_start='')")
+        sft_final = Path(cfg.cold_start)
+    else:
+        say("1/5 building the embedded model and SFT cold start on imperfect demonstrations")
+        sft_final = train_sft(cfg, run_dir)
 
     say("2/5 evaluating the SFT model on held-out tasks")
     before = evaluate(cfg, sft_final, "sft", run_dir)

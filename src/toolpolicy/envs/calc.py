@@ -1,7 +1,6 @@
 """`calc`: arithmetic questions where a calculator helps on some and is needless on others.
 
-Easy tasks are one-digit sums and products, a small table the tiny model learns by
-heart. Hard tasks are multi-digit products and sums that it cannot do in its head:
+Easy tasks are one-digit sums, a table of 100 facts the tiny model learns by heart. Hard tasks are multi-digit products and sums that it cannot do in its head:
 the only way to get them right is to call the calculator. The RL claim this
 environment demonstrates is that a model can learn *when* to call a tool: always
 on hard tasks, rarely on easy ones.
@@ -30,15 +29,15 @@ class ExpertStyle:
 
     tool_on_hard: float = 0.4
     """Probability of calling the calculator on a hard task (otherwise it guesses)."""
-    tool_on_easy: float = 0.5
+    tool_on_easy: float = 0.4
     """Probability of calling the calculator on an easy task (a needless call)."""
     malformed: float = 0.1
     """Probability that a call is first written malformed, then corrected."""
 
 
 def _easy(rng: random.Random) -> tuple[str, int]:
-    a, b, op = rng.randint(0, 9), rng.randint(0, 9), rng.choice("+*")
-    return f"{a} {op} {b}", a + b if op == "+" else a * b
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    return f"{a} + {b}", a + b
 
 
 def _hard(rng: random.Random) -> tuple[str, int]:
@@ -56,8 +55,9 @@ class CalcEnv:
     system_prompt = SYSTEM_PROMPT
     default_rewards = {
         "correct_answer": 1.0,
-        "tool_call_count": -0.1,
-        "invalid_call_count": -0.1,
+        "excess_tool_calls": -0.5,
+        "invalid_call_count": -0.2,
+        "tool_call_count": 0.0,
         "answer_format": 0.0,
     }
 
@@ -76,7 +76,7 @@ class CalcEnv:
                     id=f"{split}-{seed}-{i}",
                     prompt=f"What is {expression}?",
                     answer=str(value),
-                    info={"difficulty": difficulty, "expression": expression},
+                    info={"difficulty": difficulty, "expression": expression, "min_tool_calls": int(difficulty == "hard")},
                 )
             )
         return out

@@ -332,8 +332,8 @@ def _decision(effect: GateEffect, rules: list[Rule], reasons: list[str]) -> Deci
     return Decision(
         effect,
         tuple(rule.id for rule in rules),
-        "; ".join(dict.fromkeys(reasons)),
-        " ".join(dict.fromkeys(rule.hint for rule in rules if rule.hint)),
+        " ".join(_sentence(r) for r in dict.fromkeys(reasons) if r),
+        " ".join(_sentence(h) for h in dict.fromkeys(rule.hint for rule in rules if rule.hint)),
     )
 
 

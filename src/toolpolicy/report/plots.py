@@ -241,7 +241,7 @@ def comparison_plot(before: dict[str, Any] | None, after: dict[str, Any] | None,
             if kind == "rate":
                 ax.set_ylim(0, max(0.05, min(1.0, top * 1.15 + 0.02)) if key != "accuracy" else 1.08)
                 ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-                ax.set_ylabel("share of episodes")
+                ax.set_ylabel("share of episodes" if key == "accuracy" else "share of call attempts")
             else:
                 ax.set_ylim(0, max(0.5, top * 1.18))
                 ax.set_ylabel("calls / episode")

@@ -95,6 +95,24 @@ def tool_call_count(episode: Episode) -> float:
     return float(episode.count("tool_call"))
 
 
+def excess_tool_calls(episode: Episode) -> float:
+    """Tool calls beyond the fewest the task needs (`task.info["min_tool_calls"]`).
+
+    The count behind OTC's optimal-tool-call reward (Wang et al. 2025, arXiv 2504.14870):
+    a call the task did not need is the waste to penalise, not a call as such. With no
+    `min_tool_calls` in the task, every call counts as needed (0 excess).
+
+    >>> from toolpolicy.types import Task, Event
+    >>> easy = Task("t", "What is 2 + 3?", "5", {"min_tool_calls": 0})
+    >>> excess_tool_calls(Episode(easy, [], [Event("tool_call", 0)]))
+    1.0
+    """
+    needed = episode.task.info.get("min_tool_calls")
+    if needed is None:
+        return 0.0
+    return float(max(0, episode.count("tool_call") - int(needed)))
+
+
 def invalid_call_count(episode: Episode) -> float:
     """Number of calls that failed to decode, named an unknown tool or broke its schema."""
     return float(episode.count("invalid_call"))
@@ -114,6 +132,7 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "correct_answer": correct_answer,
     "answer_format": answer_format,
     "tool_call_count": tool_call_count,
+    "excess_tool_calls": excess_tool_calls,
     "invalid_call_count": invalid_call_count,
     "tool_error_count": tool_error_count,
     "gate_deny_count": gate_deny_count,

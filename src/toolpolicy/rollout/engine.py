@@ -8,6 +8,11 @@ rendered with the chat template's observation framing and only that new
 fragment is tokenized and appended (loss_mask 0). The conversation is never
 re-rendered and re-tokenized (DESIGN contract 1). Malformed calls become error
 observations and `invalid_call` events, never exceptions (contract 3).
+
+Every decoded call goes through the policy gate before it runs. A denial
+becomes the observation (naming the rule and the reason) and a `gate_deny`
+event; the tool never runs. Tool output passes the policy's redaction before
+the model sees it. Without a policy file the gate allows every call.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from toolpolicy.chat import HermesTemplate, parse_assistant
+from toolpolicy.chat import IM_END, HermesTemplate, parse_assistant
 from toolpolicy.envs.base import Env
-from toolpolicy.rollout.backends import Backend, GenRequest
+from toolpolicy.gate import AuditError, Gate, Ledger, Policy
+from toolpolicy.rollout.backends import Backend, Generation, GenRequest
 from toolpolicy.rollout.trajectory import Trajectory
 from toolpolicy.types import Episode, Event, Message, Task
 
@@ -27,6 +33,13 @@ Encode = Callable[[str], list[int]]
 Decode = Callable[[list[int]], str]
 
 MODEL_FAULTS = {"unknown_tool": "invalid_call", "invalid_arguments": "invalid_call", "tool_error": "tool_error"}
+# The gate's own checks that are the model's malformed calls, not policy violations.
+GATE_MALFORMED = {"gate:unknown_tool", "gate:invalid_arguments"}
+
+
+def allow_all(env: Env) -> Gate:
+    """The gate of an environment with no policy file: every well-formed call is allowed."""
+    return Gate(Policy.from_dict({"default": "allow"}, "<allow-all>"), env.tools)
 
 
 @dataclass(frozen=True)
@@ -43,40 +56,62 @@ class Limits:
     """A tool call body longer than this is rejected without parsing."""
 
 
-def observe(text: str, env: Env, turn: int, max_call_chars: int) -> tuple[Message, list[Message], list[Event], str | None]:
-    """Parse one assistant turn and run its calls.
+def observe(
+    text: str, env: Env, gate: Gate, ledger: Ledger, turn: int, max_call_chars: int
+) -> tuple[Message, list[Message], list[Event], str | None]:
+    """Parse one assistant turn, gate its calls and run the allowed ones.
 
     Returns the assistant message, the observation messages that follow it (one
     per call or malformed call; empty when the turn is a final answer), the
-    events, and an infrastructure error if a tool failed for reasons that are
-    not the model's.
+    events, and an infrastructure error if a tool (or the audit log) failed for
+    reasons that are not the model's.
     """
     parsed = parse_assistant(text, max_call_chars=max_call_chars)
-    shown = text.removesuffix("<|im_end|>").strip() if parsed.errors else parsed.content
+    shown = text.split(IM_END)[0].strip() if parsed.errors else parsed.content
     assistant = Message("assistant", shown, parsed.tool_calls)
     observations: list[Message] = []
     events: list[Event] = []
-    infra_error = None
     for error in parsed.errors:
         observations.append(Message("tool", error.message, name="error"))
         events.append(Event("invalid_call", turn, error.kind))
     for call in parsed.tool_calls:
+        try:
+            decision = gate.decide(call, ledger)
+        except AuditError as error:
+            return assistant, observations, events, f"audit log: {error}"
+        if not decision.allowed:
+            ledger.record(call, "denied")
+            malformed = bool(GATE_MALFORMED.intersection(decision.rule_ids))
+            observations.append(Message("tool", decision.observation(), name=call.name))
+            events.append(Event("invalid_call" if malformed else "gate_deny", turn, ",".join(decision.rule_ids)))
+            continue
         result = env.tools.call(call)
-        observations.append(Message("tool", result.content, name=call.name))
+        ledger.record(call, "ok" if result.ok else "error")
+        observations.append(Message("tool", gate.redact(result.content), name=call.name))
         if result.ok:
             events.append(Event("tool_call", turn, call.name))
         elif result.error in MODEL_FAULTS:
             events.append(Event(MODEL_FAULTS[result.error], turn, f"{call.name}: {result.error}"))
         else:
-            infra_error = f"{call.name}: {result.error}: {result.content[:200]}"
-    return assistant, observations, events, infra_error
+            return assistant, observations, events, f"{call.name}: {result.error}: {result.content[:200]}"
+    return assistant, observations, events, None
 
 
 class RolloutEngine:
     """Runs batches of episodes of one environment with one backend."""
 
-    def __init__(self, env: Env, template: HermesTemplate, encode: Encode, decode: Decode, backend: Backend, limits: Limits) -> None:
+    def __init__(
+        self,
+        env: Env,
+        template: HermesTemplate,
+        encode: Encode,
+        decode: Decode,
+        backend: Backend,
+        limits: Limits,
+        gate: Gate | None = None,
+    ) -> None:
         self.env = env
+        self.gate = gate if gate is not None else allow_all(env)
         self.template = template
         self.encode = encode
         self.decode = decode
@@ -91,6 +126,7 @@ class RolloutEngine:
     def run(self, tasks: list[Task], progress: str | None = None) -> list[Trajectory]:
         """One episode per task (repeat a task in `tasks` to sample a group)."""
         trajectories = [self.start(task) for task in tasks]
+        ledgers = [Ledger() for _ in tasks]
         live = list(range(len(tasks)))
         bar = tqdm(total=len(tasks), desc=progress, leave=False, disable=progress is None)
         for turn in range(self.limits.max_turns):
@@ -103,7 +139,7 @@ class RolloutEngine:
             generations = self.backend.generate(requests)
             still_live = []
             for i, generation in zip(live, generations):
-                if self._advance(trajectories[i], generation.ids, generation.logprobs, generation.finished, turn):
+                if self._advance(trajectories[i], ledgers[i], generation, turn):
                     still_live.append(i)
                 else:
                     bar.update(1)
@@ -114,16 +150,17 @@ class RolloutEngine:
         bar.close()
         return trajectories
 
-    def _advance(self, trajectory: Trajectory, ids: list[int], logprobs: list[float], finished: bool, turn: int) -> bool:
+    def _advance(self, trajectory: Trajectory, ledger: Ledger, generation: Generation, turn: int) -> bool:
         """Append one sampled turn and its observation; return whether the episode goes on."""
         episode = trajectory.episode
-        trajectory.append(ids, sampled=True, logprobs=logprobs)
+        ids = generation.ids
+        trajectory.append(ids, sampled=True, logprobs=generation.logprobs)
         text = self.decode(ids)
-        if not finished:
+        if not generation.finished:
             episode.messages.append(Message("assistant", text.strip()))
             self._truncate(trajectory, turn, "max_turn_tokens" if len(ids) else "max_tokens")
             return False
-        assistant, observations, events, infra_error = observe(text, self.env, turn, self.limits.max_call_chars)
+        assistant, observations, events, infra_error = observe(text, self.env, self.gate, ledger, turn, self.limits.max_call_chars)
         episode.messages.append(assistant)
         episode.events.extend(events)
         if infra_error is not None:

@@ -53,6 +53,10 @@ class Config(BaseModel):
     """Describe tools in a short system-prompt block instead of Qwen2.5's long one (cheaper for a tiny model)."""
 
     # --- rollout -----------------------------------------------------------
+    policy: str = ""
+    """Policy file (YAML) the gate enforces on every tool call; empty allows every well-formed call."""
+    audit: bool = False
+    """Append every gate decision to RUN_DIR/audit.jsonl (hash-chained; `durable` fsync is off in training)."""
     max_turns: int = Field(4, ge=1)
     """Assistant turns per episode before it is cut and marked truncated."""
     max_tokens: int = Field(192, ge=8)
@@ -63,19 +67,23 @@ class Config(BaseModel):
     """Sampling temperature in RL and evaluation; 0 is greedy."""
 
     # --- SFT cold start ----------------------------------------------------
+    cold_start: str = ""
+    """A finished SFT checkpoint for `toolpolicy demo` to start RL from instead of building
+    and fine-tuning the embedded model; empty runs both. The shipped `checkpoints/calc-sft`
+    is reproduced by `toolpolicy sft src/toolpolicy/configs/demo.yaml --set run_dir=runs/calc-sft`."""
     sft_examples: int = Field(4000, ge=1)
     """Demonstration episodes generated for SFT."""
     sft_steps: int = Field(500, ge=0)
     """Optimizer steps of SFT."""
     sft_batch_size: int = Field(32, ge=1)
     """Episodes per SFT step."""
-    sft_lr: float = Field(2e-3, gt=0)
+    sft_lr: float = Field(1e-3, gt=0)
     """Peak SFT learning rate (linear warm-up, cosine decay to 10%)."""
     sft_warmup_steps: int = Field(30, ge=0)
     """SFT warm-up steps."""
     expert_tool_on_hard: float = Field(0.4, ge=0, le=1)
     """Demonstrator: probability of calling the tool on a hard task (else it guesses)."""
-    expert_tool_on_easy: float = Field(0.5, ge=0, le=1)
+    expert_tool_on_easy: float = Field(0.4, ge=0, le=1)
     """Demonstrator: probability of a needless call on an easy task."""
     expert_malformed: float = Field(0.1, ge=0, le=1)
     """Demonstrator: probability that a call is first written malformed, then fixed."""

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from toolpolicy.envs import make_env
+from toolpolicy.envs import Env, make_env
+from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.envs.calc import ExpertStyle
 from toolpolicy.model import codec, make_template, pad_id, stop_ids
 from toolpolicy.model.embedded import ModelShape, save_embedded
@@ -61,7 +62,7 @@ def build_embedded(cfg: Config, out_dir: Path) -> Path:
 
 
 @dataclass
-class Policy:
+class PolicyModel:
     """A model with what the engine needs around it."""
 
     model: torch.nn.Module
@@ -77,12 +78,21 @@ class Policy:
         return HFBackend(self.model, stop_ids(self.tokenizer), self.pad_id, generator, temperature)
 
 
-def wrap_policy(model, tokenizer) -> Policy:
+def wrap_policy(model, tokenizer) -> PolicyModel:
     encode, decode = codec(tokenizer)
-    return Policy(model, tokenizer, encode, decode)
+    return PolicyModel(model, tokenizer, encode, decode)
 
 
-def make_engine(cfg: Config, policy: Policy, generator: torch.Generator) -> RolloutEngine:
+def make_gate(cfg: Config, env: Env) -> Gate | None:
+    """The gate of `cfg.policy` (None: the engine's allow-all gate), logging to RUN_DIR/audit.jsonl if asked."""
+    if not cfg.policy:
+        return None
+    audit = AuditLog(Path(cfg.run_dir) / "audit.jsonl", durable=False) if cfg.audit else None
+    return Gate(Policy.load(cfg.policy), env.tools, audit=audit)
+
+
+def make_engine(cfg: Config, policy: PolicyModel, generator: torch.Generator) -> RolloutEngine:
     env = make_env(cfg.env)
     template = make_template(cfg.compact_tools_prompt)
-    return RolloutEngine(env, template, policy.encode, policy.decode, policy.backend(generator, cfg.temperature), limits(cfg))
+    backend = policy.backend(generator, cfg.temperature)
+    return RolloutEngine(env, template, policy.encode, policy.decode, backend, limits(cfg), make_gate(cfg, env))

@@ -1,0 +1,41 @@
+"""`toolpolicy gate check` and `toolpolicy audit verify` through the real command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from toolpolicy.cli import main
+from toolpolicy.gate import AuditLog, Gate, Ledger, Policy
+from toolpolicy.envs import CalcEnv
+from toolpolicy.types import ToolCall
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = ROOT / "examples" / "policies"
+
+
+def test_gate_check_prints_the_decision_and_exits_by_effect(capsys):
+    base = ["gate", "check", str(POLICIES / "workspace.yaml"), "--tools", str(POLICIES / "workspace_tools.json")]
+    assert main([*base, "--tool", "read_file", "--args", '{"path": "../../etc/shadow"}']) == 1
+    out = capsys.readouterr().out
+    assert '"effect": "deny"' in out and "no-path-traversal" in out
+    assert main([*base, "--tool", "read_file", "--args", '{"path": "notes.txt"}']) == 0
+    assert '"effect": "allow"' in capsys.readouterr().out
+    assert main([*base, "--tool", "read_file", "--args", "{not json"]) == 2
+    assert "--args" in capsys.readouterr().err
+
+
+def test_audit_verify_catches_an_edited_record(tmp_path: Path, capsys):
+    log = tmp_path / "audit.jsonl"
+    gate = Gate(Policy.from_dict({"default": "allow"}, "p"), CalcEnv().tools, audit=AuditLog(log))
+    for expression in ("1 + 1", "2 * 3", "4 - 1"):
+        gate.decide(ToolCall("calculator", {"expression": expression}), Ledger())
+    assert main(["audit", "verify", str(log)]) == 0
+    assert "OK: 3 records" in capsys.readouterr().out
+    lines = log.read_text().splitlines()
+    record = json.loads(lines[1])
+    record["decision"] = "deny"
+    lines[1] = json.dumps(record)
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["audit", "verify", str(log)]) == 1
+    assert "FAILED" in capsys.readouterr().out
