@@ -20,7 +20,9 @@ def test_demo_config_points_at_the_shipped_checkpoint():
     model, tokenizer = load_policy(shipped)
     assert model.config.hidden_size == config["hidden_size"] and model.config.num_hidden_layers == config["layers"]
     env = CalcEnv()
-    messages = [m.to_dict() for m in env.initial_messages(env.tasks("eval", 1, seed=0)[0])]
-    rendered = tokenizer.apply_chat_template(messages, tools=[s.to_openai() for s in env.tools.specs()], tokenize=False, add_generation_prompt=True)
-    expected = make_template(compact=True).render_prompt(env.initial_messages(env.tasks("eval", 1, seed=0)[0]), env.tools.specs())
+    messages = env.initial_messages(env.tasks("eval", 1, seed=0)[0])
+    rendered = tokenizer.apply_chat_template(
+        [m.to_dict() for m in messages], tools=[s.to_openai() for s in env.tools.specs()], tokenize=False, add_generation_prompt=True
+    )
+    expected = make_template(compact=True).render_prompt(messages, env.tools.specs())
     assert rendered == expected

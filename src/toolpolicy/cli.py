@@ -77,6 +77,8 @@ def _gate_check(args: argparse.Namespace) -> int:
         call_args, facts = json.loads(args.args), json.loads(args.state)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--args/--state must be JSON objects: {exc}") from None
+    if not isinstance(call_args, dict) or not isinstance(facts, dict):
+        raise ValueError("--args/--state must be JSON objects, such as '{\"path\": \"notes.txt\"}'")
     if args.tools:
         specs = [ToolSpec(s["name"], s.get("description", ""), s["parameters"]) for s in json.loads(Path(args.tools).read_text())]
     else:
@@ -84,7 +86,7 @@ def _gate_check(args: argparse.Namespace) -> int:
 
         specs = make_env(args.env).tools.specs()
     ledger = Ledger()
-    ledger.facts.update(facts if isinstance(facts, dict) else {})
+    ledger.facts.update(facts)
     decision = Gate(Policy.load(args.policy), specs).evaluate(ToolCall(args.tool, call_args), ledger)
     print(json.dumps({"effect": decision.effect, "rule_ids": list(decision.rule_ids), "reason": decision.reason, "hint": decision.hint}, indent=2))
     if not decision.allowed:
@@ -113,12 +115,9 @@ def _newest_model(run_dir: Path) -> Path:
 
 def _quiet_libraries() -> None:
     """Our own progress bars show every phase; the per-file ones of transformers add only noise."""
-    try:
-        from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
+    hf_logging.disable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:

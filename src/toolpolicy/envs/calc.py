@@ -1,7 +1,7 @@
 """`calc`: arithmetic questions where a calculator helps on some and is needless on others.
 
-Easy tasks are one-digit sums, a table of 100 facts the tiny model learns by heart. Hard tasks are multi-digit products and sums that it cannot do in its head:
-the only way to get them right is to call the calculator. The RL claim this
+Easy tasks are one-digit sums, a table of 100 facts the tiny model learns by heart.
+Hard tasks are multi-digit products and sums that it cannot do in its head: the only way to get them right is to call the calculator. The RL claim this
 environment demonstrates is that a model can learn *when* to call a tool: always
 on hard tasks, rarely on easy ones.
 
