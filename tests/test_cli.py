@@ -122,3 +122,19 @@ def test_missing_cold_start_is_a_clear_error(tmp_path: Path, capsys):
     code = main(["demo", "--config", str(SMOKE), "--set", f"run_dir={tmp_path / 'x'}", "--set", f"cold_start={tmp_path / 'nope'}"])
     assert code == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_audit_log_spans_every_phase_of_a_run(tmp_path: Path):
+    """Each engine closes its audit log, so one evaluation after another appends to one chain."""
+    from toolpolicy.gate import verify
+
+    shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"  # a model that calls the tool
+    run_dir = tmp_path / "audited"
+    common = ["--set", f"run_dir={run_dir}", "--set", "audit=true", "--set", f"eval_checkpoint={shipped}",
+              "--set", "eval_tasks=8", "--set", "eval_samples=2"]
+    assert main(["eval", str(SMOKE), *common, "--name", "first"]) == 0
+    assert main(["eval", str(SMOKE), *common, "--name", "second"]) == 0
+    result = verify(run_dir / "audit.jsonl")
+    assert result.ok, result.problems
+    executed = sum(json.loads((run_dir / "eval" / f"{n}.json").read_text())["tool_calls_per_episode"] * 16 for n in ("first", "second"))
+    assert executed > 0 and result.records >= round(executed)  # every executed call was decided and logged

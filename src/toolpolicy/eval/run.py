@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from toolpolicy.envs import make_env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
 from toolpolicy.model import load_policy
 from toolpolicy.rewards import Rubric
@@ -43,12 +42,12 @@ def pick_samples(rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str
 def evaluate(cfg: Config, checkpoint: Path, name: str, out_dir: Path) -> dict[str, Any]:
     """Score `checkpoint` and write out_dir/eval/{name}.json and {name}_samples.jsonl."""
     policy = wrap_policy(*load_policy(checkpoint))
-    env = make_env(cfg.env)
-    rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
     generator = torch.Generator().manual_seed(cfg.eval_seed)
-    engine = make_engine(cfg, policy, generator)
-    tasks = env.tasks("eval", cfg.eval_tasks, seed=cfg.eval_seed)
-    trajectories = engine.run([task for task in tasks for _ in range(cfg.eval_samples)], progress=f"eval {name}")
+    with make_engine(cfg, policy, generator) as engine:
+        env = engine.env
+        tasks = env.tasks("eval", cfg.eval_tasks, seed=cfg.eval_seed)
+        trajectories = engine.run([task for task in tasks for _ in range(cfg.eval_samples)], progress=f"eval {name}")
+    rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
 
     records, rows = [], []
     for t in trajectories:

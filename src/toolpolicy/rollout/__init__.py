@@ -1,7 +1,7 @@
 """Rollouts: the Trajectory type, the multi-turn engine and generation backends."""
 
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest, HFBackend, ScriptedBackend
-from toolpolicy.rollout.engine import Limits, RolloutEngine, observe
+from toolpolicy.rollout.engine import Limits, RolloutEngine, allow_all_policy, observe
 from toolpolicy.rollout.trajectory import Trajectory
 
 __all__ = [
@@ -13,5 +13,6 @@ __all__ = [
     "RolloutEngine",
     "ScriptedBackend",
     "Trajectory",
+    "allow_all_policy",
     "observe",
 ]

@@ -37,9 +37,9 @@ MODEL_FAULTS = {"unknown_tool": "invalid_call", "invalid_arguments": "invalid_ca
 GATE_MALFORMED = {"gate:unknown_tool", "gate:invalid_arguments"}
 
 
-def allow_all(env: Env) -> Gate:
-    """The gate of an environment with no policy file: every well-formed call is allowed."""
-    return Gate(Policy.from_dict({"default": "allow"}, "<allow-all>"), env.tools)
+def allow_all_policy() -> Policy:
+    """The policy of an environment with no policy file: every well-formed call is allowed."""
+    return Policy.from_dict({"default": "allow"}, "<allow-all>")
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,23 @@ class RolloutEngine:
         gate: Gate | None = None,
     ) -> None:
         self.env = env
-        self.gate = gate if gate is not None else allow_all(env)
+        self.gate = gate if gate is not None else Gate(allow_all_policy(), env.tools)
         self.template = template
         self.encode = encode
         self.decode = decode
         self.backend = backend
         self.limits = limits
+
+    def close(self) -> None:
+        """Close the gate's audit log, releasing its single-writer lock for the next engine."""
+        if self.gate.audit is not None:
+            self.gate.audit.close()
+
+    def __enter__(self) -> RolloutEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def start(self, task: Task) -> Trajectory:
         messages = self.env.initial_messages(task)

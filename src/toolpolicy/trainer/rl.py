@@ -27,7 +27,6 @@ import torch
 from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import aggregate_loss, expand_group_mask, group_advantages, kl_k3, ppo_clip_loss, varied_groups
-from toolpolicy.envs import make_env
 from toolpolicy.model import load_policy
 from toolpolicy.rewards import Rubric, Score
 from toolpolicy.rollout import Trajectory
@@ -118,55 +117,55 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     policy = wrap_policy(*load_policy(checkpoint or cfg.init_from))
     model = policy.model
     reference = load_policy(cfg.init_from)[0].eval() if (cfg.beta > 0 or cfg.log_kl) else None
-    env = make_env(cfg.env)
-    rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
-
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.rl_lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     warmup = max(1, cfg.rl_warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     sampler = torch.Generator().manual_seed(cfg.seed)
     start = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else 0
     engine = make_engine(cfg, policy, sampler)
+    env = engine.env
+    rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
     log = MetricsLog(run_dir / "metrics.jsonl")
     log.rewind("rl", start)
     size = cfg.group_size
 
-    for step in tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps):
-        began = time.perf_counter()
-        # 1. Rollout: group_size episodes per task, contiguous.
-        tasks = env.tasks("train", cfg.prompts_per_step, seed=train_seed(cfg.seed, step))
-        trajectories = engine.run([task for task in tasks for _ in range(size)])
-        rollout_time = time.perf_counter() - began
+    with engine:  # closes the gate's audit log, if any, when RL ends
+        for step in tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps):
+            began = time.perf_counter()
+            # 1. Rollout: group_size episodes per task, contiguous.
+            tasks = env.tasks("train", cfg.prompts_per_step, seed=train_seed(cfg.seed, step))
+            trajectories = engine.run([task for task in tasks for _ in range(size)])
+            rollout_time = time.perf_counter() - began
 
-        # 2. Rewards -> group advantages; keep groups that carry signal.
-        scores = [rubric.score(t.episode) for t in trajectories]
-        usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
-        rewards = usable_rewards(torch.tensor([s.total for s in scores]), usable, size)  # [B]
-        advantages = group_advantages(rewards, size, scale_std=cfg.scale_std)  # [B]
-        groups = varied_groups(rewards, size) if cfg.dynamic_sampling else torch.ones(len(tasks), dtype=torch.bool)
-        keep = expand_group_mask(groups, size) & usable  # [B]
+            # 2. Rewards -> group advantages; keep groups that carry signal.
+            scores = [rubric.score(t.episode) for t in trajectories]
+            usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
+            rewards = usable_rewards(torch.tensor([s.total for s in scores]), usable, size)  # [B]
+            advantages = group_advantages(rewards, size, scale_std=cfg.scale_std)  # [B]
+            groups = varied_groups(rewards, size) if cfg.dynamic_sampling else torch.ones(len(tasks), dtype=torch.bool)
+            keep = expand_group_mask(groups, size) & usable  # [B]
 
-        # 3. One PPO-clip step on the kept episodes' sampled tokens.
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        # Kept episodes sorted by length, so micro-batches carry little padding.
-        order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: len(trajectories[i].token_ids))
-        update: dict[str, float] = {}
-        grad_norm = 0.0
-        if order:
-            chosen = collate([trajectories[i] for i in order], policy.pad_id)
-            update = policy_update(model, reference, chosen, advantages[order], cfg)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-            optimizer.step()
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
+            # 3. One PPO-clip step on the kept episodes' sampled tokens.
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            # Kept episodes sorted by length, so micro-batches carry little padding.
+            order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: len(trajectories[i].token_ids))
+            update: dict[str, float] = {}
+            grad_norm = 0.0
+            if order:
+                chosen = collate([trajectories[i] for i in order], policy.pad_id)
+                update = policy_update(model, reference, chosen, advantages[order], cfg)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+                optimizer.step()
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
 
-        # 4. Log and checkpoint.
-        record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, scores), **update}
-        record.update({"kept_groups": int(groups.sum()), "grad_norm": grad_norm, "lr": lr})
-        record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
-        log.write(record)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:
-            save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, sampler, cfg.keep_checkpoints)
+            # 4. Log and checkpoint.
+            record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, scores), **update}
+            record.update({"kept_groups": int(groups.sum()), "grad_norm": grad_norm, "lr": lr})
+            record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
+            log.write(record)
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:
+                save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, sampler, cfg.keep_checkpoints)
 
     return save_final(phase_dir, model, policy.tokenizer)

@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 
 from toolpolicy.envs import Env, make_env
-from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.envs.calc import ExpertStyle
+from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import codec, make_template, pad_id, stop_ids
 from toolpolicy.model.embedded import ModelShape, save_embedded
-from toolpolicy.rollout import Backend, HFBackend, Limits, RolloutEngine, ScriptedBackend, Trajectory
+from toolpolicy.rollout import Backend, HFBackend, Limits, RolloutEngine, ScriptedBackend, Trajectory, allow_all_policy
 from toolpolicy.trainer.config import Config, save_config
 
 
@@ -84,11 +84,13 @@ def wrap_policy(model, tokenizer) -> PolicyModel:
 
 
 def make_gate(cfg: Config, env: Env) -> Gate | None:
-    """The gate of `cfg.policy` (None: the engine's allow-all gate), logging to RUN_DIR/audit.jsonl if asked."""
-    if not cfg.policy:
+    """The gate of `cfg.policy` (allow-all without one), logging to RUN_DIR/audit.jsonl if
+    `cfg.audit`; None when neither is set, for the engine's own allow-all gate."""
+    if not cfg.policy and not cfg.audit:
         return None
+    policy = Policy.load(cfg.policy) if cfg.policy else allow_all_policy()
     audit = AuditLog(Path(cfg.run_dir) / "audit.jsonl", durable=False) if cfg.audit else None
-    return Gate(Policy.load(cfg.policy), env.tools, audit=audit)
+    return Gate(policy, env.tools, audit=audit)
 
 
 def make_engine(cfg: Config, policy: PolicyModel, generator: torch.Generator) -> RolloutEngine:
