@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -15,7 +16,11 @@ from toolpolicy.model.embedded import train_tokenizer
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, ScriptedBackend
 from toolpolicy.trainer.batch import collate, forward_logprobs
 from toolpolicy.trainer.setup import char_codec
-from toolpolicy.types import Message, ToolCall
+from toolpolicy.eval.metrics import EpisodeRecord, summarize
+from toolpolicy.gate import Gate, Policy
+from toolpolicy.rewards import policy_violation
+from toolpolicy.tools import ToolSet, tool
+from toolpolicy.types import Message, Task, ToolCall, ToolResult
 
 TEMPLATE = make_template(compact=True)
 
@@ -148,3 +153,139 @@ def test_gate_denial_becomes_an_observation_and_the_tool_never_runs(tmp_path):
     assert result == "84"
     assert [e.kind for e in episode.events] == ["gate_deny", "tool_call"]
     assert verify(log).ok and verify(log).records == 2
+
+
+def test_tool_facts_reach_the_ledger_and_the_policy_reads_them():
+    """A tool records `user_verified`; a rule that needs it denies the refund before, allows it after."""
+    refunds: list[int] = []
+
+    @tool
+    def verify_identity(code: str) -> ToolResult:
+        """Check the guest's security code.
+
+        Args:
+            code: The code the guest gave.
+        """
+        ok = code == "1234"
+        return ToolResult("verified" if ok else "wrong code", facts={"user_verified": True} if ok else {})
+
+    @tool
+    def refund(amount: int) -> str:
+        """Refund the guest.
+
+        Args:
+            amount: Amount in euros.
+        """
+        refunds.append(amount)
+        return f"refunded {amount}"
+
+    @dataclass
+    class Desk:
+        name: str = "desk"
+        tools: ToolSet = field(default_factory=lambda: ToolSet([verify_identity, refund]))
+        system_prompt: str = "You are a hotel desk."
+        default_rewards: dict = field(default_factory=lambda: {"policy_violation": -1.0})
+
+        def tasks(self, split, n, seed):
+            return [Task(f"t{i}", "Refund me 20", "20") for i in range(n)]
+
+        def initial_messages(self, task):
+            return [Message("system", self.system_prompt), Message("user", task.prompt)]
+
+        def on_answer(self, task, messages):
+            return None
+
+    policy = Policy.from_dict(
+        {"default": "allow", "rules": [{"id": "verify-first", "effect": "forbid", "tools": ["refund"],
+                                        "when": '!("user_verified" in state) || !state.user_verified',
+                                        "reason": "identity not verified", "hint": "call verify_identity first"}]},
+        "desk-policy",
+    )
+    env = Desk()
+    encode, decode = char_codec()
+    turns = [
+        Message("assistant", "", (ToolCall("refund", {"amount": 20}),)),
+        Message("assistant", "", (ToolCall("verify_identity", {"code": "0000"}),)),
+        Message("assistant", "", (ToolCall("refund", {"amount": 20}),)),
+        Message("assistant", "", (ToolCall("verify_identity", {"code": "1234"}),)),
+        Message("assistant", "", (ToolCall("refund", {"amount": 20}),)),
+        Message("assistant", "Done. Answer: 20"),
+    ]
+    backend = ScriptedBackend({0: turns}, TEMPLATE.render_assistant, encode)
+    limits = Limits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
+    with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits, Gate(policy, env.tools)) as engine:
+        (trajectory,) = engine.run(env.tasks("train", 1, 0))
+    episode = trajectory.episode
+    observations = [m.content for m in episode.messages if m.role == "tool"]
+    assert "verify-first" in observations[0] and "identity not verified" in observations[0]
+    assert "verify-first" in observations[2]  # a wrong code records no fact
+    assert observations[4] == "refunded 20"
+    assert refunds == [20]
+    assert [e.kind for e in episode.events] == ["gate_deny", "tool_call", "gate_deny", "tool_call", "tool_call"]
+    assert policy_violation(episode) == 2.0
+    assert episode.denials_by_rule() == {"verify-first": 2}
+    summary = summarize([EpisodeRecord.from_episode(episode, True, 10), EpisodeRecord.from_episode(episode, True, 10)])
+    assert summary["denials_per_episode"] == 2.0
+    assert summary["denials_by_rule"] == {"verify-first": 2.0}
+
+
+def test_each_episode_gets_its_own_session_and_its_outcome():
+    """An env with `session(task)`: per-episode tools, user replies, and finish() -> Episode.outcome."""
+
+    class Counter:
+        def __init__(self, task):
+            self.hits = 0
+
+            @tool
+            def bump() -> str:
+                """Add one to this episode's counter."""
+                self.hits += 1
+                return str(self.hits)
+
+            self.tools = ToolSet([bump])
+            self.task = task
+
+        def on_answer(self, messages):
+            if self.task.id == "t0" and sum(m.role == "user" for m in messages) == 1:
+                return [Message("user", "Are you sure?")]
+            return None
+
+        def finish(self):
+            if self.task.id == "t2":
+                raise RuntimeError("database copy vanished")
+            return {"hits": self.hits}
+
+    class CounterEnv:
+        name = "counter"
+        system_prompt = "Count."
+        default_rewards = {}
+
+        def __init__(self):
+            self.tools = Counter(Task("spec", "", "")).tools
+
+        def tasks(self, split, n, seed):
+            return [Task(f"t{i}", "count", "") for i in range(n)]
+
+        def initial_messages(self, task):
+            return [Message("system", self.system_prompt), Message("user", task.prompt)]
+
+        def on_answer(self, task, messages):
+            raise AssertionError("the session answers, not the env")
+
+        def session(self, task):
+            return Counter(task)
+
+    bump = Message("assistant", "", (ToolCall("bump", {}),))
+    encode, decode = char_codec()
+    scripts = {0: [bump, bump, Message("assistant", "two"), Message("assistant", "yes")], 1: [bump, Message("assistant", "one")],
+               2: [Message("assistant", "none")]}
+    backend = ScriptedBackend(scripts, TEMPLATE.render_assistant, encode)
+    limits = Limits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
+    env = CounterEnv()
+    with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits) as engine:
+        first, second, third = engine.run(env.tasks("train", 3, 0))
+    assert first.episode.outcome == {"hits": 2} and second.episode.outcome == {"hits": 1}
+    assert [m.content for m in first.episode.messages if m.role == "user"] == ["count", "Are you sure?"]
+    assert first.episode.messages[-1].content == "yes"
+    assert third.episode.outcome == {} and "database copy vanished" in third.episode.infra_error
+    assert first.episode.to_dict()["outcome"] == {"hits": 2}

@@ -97,9 +97,10 @@ def test_summarize_uneven_trials_and_infra_exclusion():
     assert list(summary["by_difficulty"]) == ["easy", "hard"]
     assert easy["n"] == 4 and easy["accuracy"] == pytest.approx(0.5)
     assert easy["invalid_call_rate"] == pytest.approx(2 / 6)
-    # easy has 4 trials of its single task, so k goes up to 4: pass@4 = 1, pass^4 = 0.
-    assert easy["pass_at_k"] == pytest.approx({"1": 0.5, "2": 5 / 6, "4": 1.0})
-    assert easy["pass_hat_k"] == pytest.approx({"1": 0.5, "2": 1 / 6, "4": 0.0})
+    # easy has 4 trials of its single task (2 correct), so k goes up to 4.
+    # pass@3 = 1 - C(2,3)/C(4,3) = 1 (any 3 of 4 include a success); pass^3 = C(2,3)/C(4,3) = 0.
+    assert easy["pass_at_k"] == pytest.approx({"1": 0.5, "2": 5 / 6, "3": 1.0, "4": 1.0})
+    assert easy["pass_hat_k"] == pytest.approx({"1": 0.5, "2": 1 / 6, "3": 0.0, "4": 0.0})
     assert hard["n"] == 2 and hard["accuracy"] == 1.0 and hard["tokens_per_episode"] == 50
     assert set(easy) == set(summary) - {"by_difficulty", "infra_errors"}
     json.dumps(summary)  # JSON-ready
@@ -132,3 +133,17 @@ def test_record_from_episode():
 def test_docstring_examples():
     result = doctest.testmod(toolpolicy.eval.metrics)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_violations_wrong_writes_and_categories_come_from_the_episode():
+    task = Task("h1", "cancel my stay", "", {"category": "forbidden"})
+    ep = Episode(task, [], [Event("gate_deny", 0, "late-cancel"), Event("tool_call", 1, "get_booking")])
+    ep.outcome = {"violations": 2, "wrong_writes": 1}
+    r = EpisodeRecord.from_episode(ep, False, 40)
+    assert (r.category, r.violations, r.wrong_writes, r.denials) == ("forbidden", 3, 1, 1)
+    clean = Episode(Task("h2", "x", "", {"category": "feasible"}), [])
+    summary = summarize([r, EpisodeRecord.from_episode(clean, True, 10)])
+    assert summary["violations_per_episode"] == 1.5 and summary["wrong_writes_per_episode"] == 0.5
+    assert list(summary["by_category"]) == ["feasible", "forbidden"]
+    assert summary["by_category"]["forbidden"]["accuracy"] == 0.0 and summary["by_category"]["feasible"]["accuracy"] == 1.0
+    assert "by_category" not in summarize([EpisodeRecord.from_episode(Episode(Task("c", "x", "1"), []), True, 1)])

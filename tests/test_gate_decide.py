@@ -290,3 +290,22 @@ def test_hostile_nesting_is_denied_not_crashed() -> None:
     # a ledger fact too deep to convert makes every condition an error: forbids deny, permits do not match
     weird = g.decide(ToolCall("search", {"query": "q"}), Ledger(facts={"verified": _nested(100_000)}))
     assert weird.effect == "deny"
+
+
+def test_screens_give_the_same_answer_as_rule_by_rule() -> None:
+    """The OR screen of 40 forbids (two chunks) may only skip rules when all are False."""
+    rules = [{"id": f"f{i}", "effect": "forbid", "tools": ["read_file"], "when": f"args.path == '/x/{i}'", "reason": "no"}
+             for i in range(40)]
+    permits = [{"id": f"p{i}", "effect": "permit", "tools": ["read_file"], "when": f"args.path == '/work/{i}'"} for i in range(3)]
+    failing = {"id": "broken", "effect": "forbid", "tools": ["read_file"], "when": "args.missing == 1", "reason": "no"}
+    quiet = Gate(Policy.from_dict({"default": "deny", "rules": rules + permits}), SPECS)
+    assert quiet.policy.rules_for("read_file").forbid_screen is not None
+    assert quiet.evaluate(read("/work/elsewhere")).rule_ids == ("default:deny",)
+    assert quiet.evaluate(read("/work/2")).rule_ids == ("p2",)
+    assert quiet.evaluate(read("/x/37")).rule_ids == ("f37",)  # in the second chunk
+    noisy = Gate(Policy.from_dict({"default": "allow", "rules": rules[:20] + [failing] + rules[20:]}), SPECS)
+    decision = noisy.evaluate(read("/work/anything"))
+    assert (decision.effect, decision.rule_ids) == ("deny", ("broken",))
+    assert "could not be evaluated" in decision.reason
+    both = noisy.evaluate(read("/x/5"))
+    assert (both.effect, both.rule_ids) == ("deny", ("f5", "broken"))

@@ -147,3 +147,21 @@ def test_excess_tool_calls_counts_calls_beyond_the_fewest_needed():
     assert excess_tool_calls(Episode(hard, [], two_calls)) == 1.0  # one needed, one extra
     assert excess_tool_calls(Episode(hard, [], [])) == 0.0  # too few is not excess
     assert excess_tool_calls(Episode(unknown, [], two_calls)) == 0.0  # no count given: every call needed
+
+
+def test_otc_and_eapo_rewards_read_the_episode():
+    from toolpolicy.rewards import eapo_reward, otc_reward
+    from toolpolicy.types import Episode, Event, Message, Task
+
+    def episode(difficulty: str, fewest: int, calls: int, answer: str) -> Episode:
+        task = Task("t", "What is 6 + 1?", "7", {"difficulty": difficulty, "min_tool_calls": fewest})
+        events = [Event("tool_call", k, "calculator") for k in range(calls)]
+        return Episode(task, [Message("assistant", f"Answer: {answer}")], events)
+
+    assert otc_reward(episode("hard", 1, 1, "7")) == pytest.approx(1.0)  # sin(pi/2)
+    assert otc_reward(episode("easy", 0, 1, "7")) == pytest.approx(0.5)  # cos(pi/3)
+    assert otc_reward(episode("hard", 1, 0, "7")) == pytest.approx(0.0)  # f(0, 1) = 0
+    assert otc_reward(episode("hard", 1, 1, "8")) == 0.0
+    assert eapo_reward(episode("easy", 0, 2, "7")) == pytest.approx(0.6)  # 1 - 0.2 * 1 * 2
+    assert eapo_reward(episode("hard", 1, 3, "7")) == pytest.approx(1.0)  # hard: no penalty
+    assert eapo_reward(episode("easy", 0, 2, "8")) == 0.0

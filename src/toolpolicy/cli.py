@@ -27,9 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
         _with_config(sub, required=False)
         sub.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
 
-    evaluate = commands.add_parser("eval", help="score a checkpoint on held-out tasks")
+    evaluate = commands.add_parser("eval", help="score a checkpoint or a served model on held-out tasks")
     _with_config(evaluate, required=True)
     evaluate.add_argument("--name", default="eval", help="name of the result files under RUN_DIR/eval/")
+    evaluate.add_argument("--trials", type=int, default=None, metavar="N", help="trials per task (pass^1..pass^N); sets eval_samples")
+    evaluate.add_argument(
+        "--gate", choices=("on", "off", "both"), default="on",
+        help="enforce the config's policy (on), not (off), or run both and compare them side by side",
+    )
+    evaluate.add_argument("--bfcl", metavar="FILE", help="score single-turn function calls on a BFCL-shaped JSONL file instead")
+    evaluate.add_argument("--answers", metavar="FILE", help="with --bfcl: ground truth in a separate file (lines of id, ground_truth)")
 
     report = commands.add_parser("report", help="write RUN_DIR/report.html from a run folder's files")
     report.add_argument("run_dir")
@@ -51,6 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--state", default="{}", help="episode ledger facts as a JSON object")
     check.add_argument("--tools", default=None, help="JSON file of tool specs (name, description, parameters)")
     check.add_argument("--env", default="calc", help="take the tool specs from this environment when --tools is not given")
+
+    serve = gate.add_parser(
+        "serve",
+        help="be an MCP server (stdio) that enforces a policy on an upstream MCP server",
+        usage="toolpolicy gate serve --policy P.yaml --audit LOG [options] -- CMD [ARGS...]",
+    )
+    serve.add_argument("--policy", required=True, help="policy file (YAML)")
+    serve.add_argument("--audit", required=True, help="audit log (JSONL) that every decision is appended to")
+    serve.add_argument("--pins", default=None, help="tool definition pins (JSON; default: AUDIT.pins.json)")
+    serve.add_argument("--key", default=None, help="Ed25519 private key (PEM) to sign audit records")
+    serve.add_argument("--no-fsync", action="store_true", help="do not fsync each audit record (survives a killed proxy, not a power loss)")
+    serve.add_argument("--recheck-seconds", type=float, default=60.0, help="re-list upstream tools before a call after this long (0: every call)")
+    serve.add_argument("--call-timeout", type=float, default=60.0, help="seconds one upstream tools/call may take")
+    serve.add_argument("upstream", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the upstream MCP server's command")
+    approve = gate.add_parser("approve", help="re-approve MCP tools whose definition changed (see `gate serve`)")
+    approve.add_argument("--pins", required=True, help="the pins file of `gate serve`")
+    approve.add_argument("tools", nargs="*", help="tools to approve; none: list the pending changes")
+    approve.add_argument("--all", action="store_true", help="approve every pending change")
     return parser
 
 
@@ -94,6 +119,70 @@ def _gate_check(args: argparse.Namespace) -> int:
     return 0 if decision.allowed else 1
 
 
+def _gate_serve(args: argparse.Namespace) -> int:
+    """Run the MCP policy proxy. Errors go to stderr (stdout carries only MCP messages)."""
+    import anyio
+
+    from toolpolicy.gate import AuditError, AuditLog, Policy, PolicyError
+    from toolpolicy.proxy import PinsError, PinStore, UpstreamLost, serve
+    from toolpolicy.tools.mcp_client import MCPConnectError, ServerCommand
+
+    command = args.upstream[1:] if args.upstream[:1] == ["--"] else args.upstream
+    if not command:
+        raise ValueError("give the upstream MCP server's command after --, e.g. `-- python server.py`")
+    upstream = ServerCommand(command[0], tuple(command[1:]), inherit_env=True)
+    try:
+        policy = Policy.load(args.policy)
+        with AuditLog(args.audit, signing_key=args.key, durable=not args.no_fsync) as audit:
+            pins = PinStore(args.pins or f"{args.audit}.pins.json")
+            anyio.run(serve, upstream, policy, audit, pins, args.recheck_seconds, args.call_timeout)
+    except (PolicyError, AuditError, PinsError, MCPConnectError, UpstreamLost, OSError) as error:
+        print(f"toolpolicy gate serve: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # a failure inside the SDK's task groups arrives wrapped in a group
+        while isinstance(error, ExceptionGroup) and error.exceptions:
+            error = error.exceptions[0]
+        print(f"toolpolicy gate serve: error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _gate_approve(args: argparse.Namespace) -> int:
+    """Show pending definition changes, or approve some or all of them."""
+    from toolpolicy.proxy import PinsError, PinStore
+
+    store = PinStore(args.pins)
+    try:
+        if not args.tools and not args.all:
+            pending = store.pending()
+            for name, change in pending.items():
+                print(f"{name}: changed\n{_definition_change(change['before'], change['after'])}")
+            print(f"{len(pending)} tool(s) awaiting approval" + (": approve with --all or by name" if pending else ""))
+            return 0
+        approvals = store.approve(None if args.all else list(args.tools))
+    except PinsError as error:
+        print(f"toolpolicy gate approve: error: {error}", file=sys.stderr)
+        return 1
+    for approval in approvals:
+        print(f"{approval.tool}: approved\n{_definition_change(approval.before, approval.after)}")
+    return 0
+
+
+def _definition_change(before: dict, after: dict) -> str:
+    """What an approval changes, line by line, so the operator sees what they accept."""
+    import json
+
+    lines = []
+    if before["description"] != after["description"]:
+        lines += [f"  description was: {before['description']!r}", f"  description now: {after['description']!r}"]
+    if before["inputSchema"] != after["inputSchema"]:
+        lines.append("  input schema changed:")
+        lines += [f"    {label}: {json.dumps(side['inputSchema'], sort_keys=True)}" for label, side in (("was", before), ("now", after))]
+    return "\n".join(lines)
+
+
 def _resolve(args: argparse.Namespace) -> Config:
     """The config file, or with --resume and no file, the run's own resolved config."""
     resume = getattr(args, "resume", None)
@@ -104,6 +193,34 @@ def _resolve(args: argparse.Namespace) -> Config:
     if resume:
         overrides.append(f"run_dir={resume}")
     return load_config(path, overrides)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """`toolpolicy eval`: one evaluation, or gate off and on side by side; tables to stdout."""
+    from toolpolicy.eval.run import evaluate
+    from toolpolicy.report import format_comparison, format_summary
+
+    if args.trials is not None:
+        if args.trials < 1:
+            raise ValueError(f"--trials must be at least 1, not {args.trials}")
+        args.overrides.append(f"eval_samples={args.trials}")
+    cfg = _resolve(args)
+    run_dir = Path(cfg.run_dir)
+    checkpoint = None
+    if not cfg.endpoint_url:
+        checkpoint = Path(cfg.eval_checkpoint) if cfg.eval_checkpoint else _newest_model(run_dir)
+    if args.bfcl:
+        from toolpolicy.eval.bfcl import format_bfcl, load_entries, score_bfcl
+
+        print(format_bfcl(score_bfcl(cfg, checkpoint, load_entries(args.bfcl, args.answers), run_dir)))
+    elif args.gate == "both":
+        off = evaluate(cfg, checkpoint, f"{args.name}-gate-off", run_dir, gate=False)
+        on = evaluate(cfg, checkpoint, f"{args.name}-gate-on", run_dir, gate=True)
+        print(format_comparison(off, on))
+    else:
+        print(format_summary(evaluate(cfg, checkpoint, args.name, run_dir, gate=args.gate == "on")))
+    print(f"results: {run_dir / 'eval'}")
+    return 0
 
 
 def _newest_model(run_dir: Path) -> Path:
@@ -129,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             print(describe_fields())
         elif args.command == "audit":
             return _audit_verify(args)
+        elif args.command == "gate" and args.gate_command == "serve":
+            return _gate_serve(args)
+        elif args.command == "gate" and args.gate_command == "approve":
+            return _gate_approve(args)
         elif args.command == "gate":
             return _gate_check(args)
         elif args.command == "report":
@@ -152,14 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = _resolve(args)
             print(train_rl(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
         elif args.command == "eval":
-            import json
-
-            from toolpolicy.eval.run import evaluate
-
-            cfg = _resolve(args)
-            run_dir = Path(cfg.run_dir)
-            checkpoint = Path(cfg.eval_checkpoint) if cfg.eval_checkpoint else _newest_model(run_dir)
-            print(json.dumps(evaluate(cfg, checkpoint, args.name, run_dir), indent=2))
+            return _evaluate(args)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"toolpolicy {args.command}: error: {exc}", file=sys.stderr)
         return 2

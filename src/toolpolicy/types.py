@@ -27,22 +27,27 @@ class CallError:
 
     `kind` is one of: "unclosed_tag", "bad_json", "not_an_object", "missing_name",
     "bad_arguments", "too_long". `raw` is the offending text, cut to a bounded size.
+    `call_id` is the id a chat-completions server gave the call (empty for calls
+    parsed out of generated text).
     """
 
     kind: str
     message: str
     raw: str = ""
+    call_id: str = ""
 
 
 @dataclass(frozen=True)
 class Message:
     """One chat message. Assistant messages may carry tool calls; tool messages carry
-    the result of one call (`name` is the tool that produced it)."""
+    the result of one call (`name` is the tool that produced it, `tool_call_id` the
+    id of the call it answers when the call had one)."""
 
     role: Role
     content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     name: str = ""
+    tool_call_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -50,21 +55,27 @@ class Message:
             out["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in self.tool_calls]
         if self.name:
             out["name"] = self.name
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Message:
         calls = tuple(ToolCall(c["name"], dict(c.get("arguments", {}))) for c in data.get("tool_calls", ()))
-        return Message(data["role"], data.get("content", ""), calls, data.get("name", ""))
+        return Message(data["role"], data.get("content", ""), calls, data.get("name", ""), data.get("tool_call_id", ""))
 
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """What the model is told about a tool: name, description, JSON schema of its arguments."""
+    """What the model is told about a tool: name, description, JSON schema of its arguments.
+
+    `effect` declares whether a call only reads or may change state ("write"). The
+    model is not shown it; environments and evaluation use it to count writes."""
 
     name: str
     description: str
     parameters: dict[str, Any]
+    effect: Literal["read", "write"] = "read"
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI / Hermes function-calling shape that chat templates embed."""
@@ -81,10 +92,16 @@ ErrorKind = Literal["unknown_tool", "invalid_arguments", "tool_error", "timeout"
 class ToolResult:
     """What a tool call produced. `error` is None on success; otherwise it says whose
     fault the failure was: the model's ("unknown_tool", "invalid_arguments",
-    "tool_error", "denied") or the machine's ("timeout", "infra")."""
+    "tool_error", "denied") or the machine's ("timeout", "infra").
+
+    `facts` are what the call established for the rest of the episode (e.g.
+    {"user_verified": True}); the rollout engine adds them to the episode ledger,
+    where policy conditions read them as `state`. A tool sets them by returning a
+    ToolResult itself instead of a plain value."""
 
     content: str
     error: ErrorKind | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -106,7 +123,7 @@ class Task:
         return str(self.info.get("difficulty", "all"))
 
 
-EventKind = Literal["tool_call", "invalid_call", "tool_error", "truncated", "infra_error", "gate_deny"]
+EventKind = Literal["tool_call", "invalid_call", "tool_error", "truncated", "infra_error", "gate_deny", "violation"]
 
 
 @dataclass(frozen=True)
@@ -115,7 +132,9 @@ class Event:
 
     tool_call: a call decoded, validated and run; invalid_call: a call that failed to
     decode, named an unknown tool or broke its schema; tool_error: a valid call whose
-    tool raised; truncated: the episode hit max turns or max tokens.
+    tool raised; truncated: the episode hit max turns or max tokens; gate_deny: a call
+    the policy gate denied (detail: the rule ids); violation: a call the policy denies
+    that ran anyway because the gate was in shadow mode (gate off in evaluation).
     """
 
     kind: EventKind
@@ -132,6 +151,8 @@ class Episode:
     events: list[Event] = field(default_factory=list)
     truncated: bool = False
     infra_error: str | None = None
+    outcome: dict[str, Any] = field(default_factory=dict)
+    """What the environment's session reported at the end (e.g. the final database state)."""
 
     @property
     def final_text(self) -> str:
@@ -144,6 +165,15 @@ class Episode:
     def count(self, kind: EventKind) -> int:
         return sum(1 for event in self.events if event.kind == kind)
 
+    def denials_by_rule(self) -> dict[str, int]:
+        """Policy denials (enforced or in shadow mode) per rule id; a call denied by two rules counts for both."""
+        counts: dict[str, int] = {}
+        for event in self.events:
+            if event.kind in ("gate_deny", "violation"):
+                for rule in filter(None, event.detail.split(",")):
+                    counts[rule] = counts.get(rule, 0) + 1
+        return counts
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "task": {"id": self.task.id, "prompt": self.task.prompt, "answer": self.task.answer, "info": self.task.info},
@@ -151,4 +181,5 @@ class Episode:
             "events": [{"kind": e.kind, "turn": e.turn, "detail": e.detail} for e in self.events],
             "truncated": self.truncated,
             "infra_error": self.infra_error,
+            "outcome": self.outcome,
         }

@@ -1,8 +1,10 @@
-"""Policy-gradient losses, their token aggregation, the KL estimator and per-token helpers.
+"""Policy-gradient losses, their token aggregation, KL estimators and per-token helpers.
 
 Every function is pure: tensors in, tensors (plus detached float stats) out. The trainer
 recomputes `logprobs` under the current policy with `token_logprobs`, then wires
-`ppo_clip_loss` -> `aggregate_loss` (+ beta * `kl_k3` aggregated the same way).
+POLICY_LOSSES[ratio_level] -> (+ beta * KL_ESTIMATORS[kl_estimator]) -> aggregate_loss.
+Tables, picked once when the config is read: POLICY_LOSSES ("token": PPO-clip, "sequence":
+GSPO), AGGREGATIONS, KL_ESTIMATORS.
 """
 
 from __future__ import annotations
@@ -19,6 +21,88 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)  # []
 
 
+def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, loss_mask: Tensor | None = None) -> Tensor:
+    """Per-token log importance ratio log(pi / pi_old) = logprobs - old_logprobs.   [B, T]
+
+    PPO (arXiv 1707.06347) and GRPO (arXiv 2402.03300) weigh each token by its own ratio.
+    `loss_mask` is unused (same signature as `sequence_log_ratio`).
+    """
+    return logprobs - old_logprobs.detach()  # [B, T]
+
+
+def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, loss_mask: Tensor | None = None) -> Tensor:
+    """GSPO's sequence-level log ratio, length-normalised, in its GSPO-token form.   [B, T]
+
+    GSPO (Zheng et al., arXiv 2507.18071): s_i = exp( (1/|y_i|) sum_t log(pi/pi_old)(y_it) ),
+    the geometric mean of the token ratios over the sequence's masked tokens, so one clip
+    decision covers the whole response. Returned broadcast to every token in the paper's
+    GSPO-token form: log s_it = sg[log s_i] + logprobs_t - sg[logprobs_t]. Its value is log s_i
+    on every token; its gradient is s_i * grad log pi(y_t), which for an advantage that is
+    constant over the sequence sums to exactly GSPO's gradient, and which also accepts
+    per-token (turn-level) advantages. A sequence with no masked token gets 0.
+    """
+    mask = torch.ones_like(logprobs) if loss_mask is None else loss_mask.to(logprobs.dtype)  # [B, T]
+    log_ratio = logprobs - old_logprobs.detach()  # [B, T]
+    per_sequence = (log_ratio * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # [B, 1]
+    return per_sequence.detach() + (logprobs - logprobs.detach())  # [B, T], value exactly log s_i
+
+
+def clipped_surrogate(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    *,
+    dual_clip: float | None = None,
+    loss_mask: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Per-token negated clipped surrogate objective (to minimise), given any log ratio.
+
+    PPO (arXiv 1707.06347, eq. 7):
+        ratio = exp(log_ratio)
+        loss  = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+    Separate `clip_low` / `clip_high` is DAPO's clip-higher (arXiv 2503.14476, section 3.1,
+    0.2 / 0.28). `dual_clip = c > 1` is dual-clip PPO (Ye et al., arXiv 1912.09729):
+    for A < 0 the loss is also capped at -c * A, so a token whose ratio has run far past
+    1 + clip_high cannot produce an unbounded loss; its gradient is then 0. (TRL calls the
+    same cap `delta`, after INTELLECT-2, arXiv 2505.07291.)
+
+    log_ratio [B, T]; advantages [B] (broadcast over tokens) or [B, T] (turn-level credit).
+    `loss_mask` [B, T] is used only for the stats; masking the loss is `aggregate_loss`'s job.
+
+    Stats (detached floats, means over masked tokens): `clip_fraction` where the clipped
+    term was the one chosen (its gradient is zero), split into `clip_low_fraction`
+    (ratio < 1 - clip_low, A < 0) and `clip_high_fraction` (ratio > 1 + clip_high, A > 0);
+    `dual_clip_fraction` (A < 0, ratio > c); `ratio_mean`, `ratio_max`.
+    """
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it caps the loss at -dual_clip * A for A < 0), got {dual_clip}")
+    advantages = advantages.detach()
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [B, T]
+    per_token = -torch.min(ratio * advantages, clipped_ratio * advantages)  # [B, T]
+    if dual_clip is not None:
+        capped = torch.minimum(per_token, -dual_clip * advantages)  # [B, T]
+        per_token = torch.where(advantages < 0, capped, per_token)  # [B, T]
+
+    with torch.no_grad():
+        mask = torch.ones_like(ratio) if loss_mask is None else loss_mask.to(ratio.dtype)  # [B, T]
+        clipped_low = (ratio < 1.0 - clip_low) & (advantages < 0)  # [B, T]
+        clipped_high = (ratio > 1.0 + clip_high) & (advantages > 0)  # [B, T]
+        dual_clipped = (ratio > (dual_clip or float("inf"))) & (advantages < 0)  # [B, T], none when off
+        masked_ratio = torch.where(mask > 0, ratio, torch.zeros_like(ratio))  # [B, T]
+        stats = {
+            "clip_fraction": _masked_mean((clipped_low | clipped_high).to(ratio.dtype), mask).item(),
+            "clip_low_fraction": _masked_mean(clipped_low.to(ratio.dtype), mask).item(),
+            "clip_high_fraction": _masked_mean(clipped_high.to(ratio.dtype), mask).item(),
+            "dual_clip_fraction": _masked_mean(dual_clipped.to(ratio.dtype), mask).item(),
+            "ratio_mean": _masked_mean(ratio, mask).item(),
+            "ratio_max": masked_ratio.max().item() if mask.any() else 0.0,
+        }
+    return per_token, stats
+
+
 def ppo_clip_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -27,45 +111,54 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     *,
     loss_mask: Tensor | None = None,
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Per-token PPO-clip loss, the negated clipped surrogate objective (to minimise).
+    """Per-token PPO-clip loss with token-level importance ratios.   logprobs [B, T] -> [B, T]
 
-    PPO (arXiv 1707.06347) as used by GRPO (arXiv 2402.03300):
-        ratio = exp(logprobs - old_logprobs)
-        loss  = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
-    Separate `clip_low` / `clip_high` is DAPO's clip-higher (arXiv 2503.14476, e.g. 0.2 / 0.28):
-    a larger upper bound lets low-probability tokens with positive advantage grow, which
-    keeps entropy from collapsing.
-
-    `advantages` is one value per sequence, broadcast over its tokens. `loss_mask` is used
-    only for the stats; masking the loss itself is `aggregate_loss`'s job.
-
-    Stats (detached floats, means over masked tokens): `clip_fraction` where the clipped
-    term was the one chosen (its gradient is zero), split into `clip_low_fraction`
-    (ratio < 1 - clip_low, A < 0) and `clip_high_fraction` (ratio > 1 + clip_high, A > 0);
-    `ratio_mean`, `ratio_max`.
+    PPO (arXiv 1707.06347) as used by GRPO (arXiv 2402.03300), DAPO clip-higher
+    (arXiv 2503.14476) and optional dual-clip (arXiv 1912.09729): `clipped_surrogate` on
+    `token_log_ratio`. advantages [B] or [B, T]. Stats as `clipped_surrogate`.
     """
-    advantages = advantages.detach().unsqueeze(1)  # [B, 1]
-    ratio = torch.exp(logprobs - old_logprobs.detach())  # [B, T]
-    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [B, T]
-    per_token = -torch.min(ratio * advantages, clipped_ratio * advantages)  # [B, T]
-
-    with torch.no_grad():
-        mask = torch.ones_like(ratio) if loss_mask is None else loss_mask.to(ratio.dtype)  # [B, T]
-        clipped_low = (ratio < 1.0 - clip_low) & (advantages < 0)  # [B, T]
-        clipped_high = (ratio > 1.0 + clip_high) & (advantages > 0)  # [B, T]
-        masked_ratio = torch.where(mask > 0, ratio, torch.zeros_like(ratio))  # [B, T]
-        stats = {
-            "clip_fraction": _masked_mean((clipped_low | clipped_high).to(ratio.dtype), mask).item(),
-            "clip_low_fraction": _masked_mean(clipped_low.to(ratio.dtype), mask).item(),
-            "clip_high_fraction": _masked_mean(clipped_high.to(ratio.dtype), mask).item(),
-            "ratio_mean": _masked_mean(ratio, mask).item(),
-            "ratio_max": masked_ratio.max().item() if mask.any() else 0.0,
-        }
-    return per_token, stats
+    log_ratio = token_log_ratio(logprobs, old_logprobs)  # [B, T]
+    return clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip=dual_clip, loss_mask=loss_mask)
 
 
-def token_mean(per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float) -> Tensor:
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    *,
+    loss_mask: Tensor | None = None,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO loss: the clipped surrogate on the sequence-level ratio.   logprobs [B, T] -> [B, T]
+
+    GSPO (Zheng et al., arXiv 2507.18071): `clipped_surrogate` on
+    `sequence_log_ratio`, so each response is clipped as a whole. Because s_i is a
+    length-normalised (geometric-mean) ratio it stays near 1, and the paper clips it
+    tightly: 3e-4 below, 4e-4 above (the defaults here). Pass `loss_mask` [B, T]: it says
+    which tokens the sequence ratio averages over (None averages over every position).
+    The paper aggregates per sequence: use "seq_mean_token_mean".
+    """
+    log_ratio = sequence_log_ratio(logprobs, old_logprobs, loss_mask)  # [B, T]
+    return clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip=dual_clip, loss_mask=loss_mask)
+
+
+PolicyLoss = Callable[..., tuple[Tensor, dict[str, float]]]
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "token": ppo_clip_loss,
+    "sequence": gspo_loss,
+}
+"""Importance-ratio level by config name (`ratio_level`): token-level PPO-clip or GSPO's sequence level.
+Both take (logprobs, old_logprobs, advantages, clip_low, clip_high, *, loss_mask, dual_clip)."""
+
+
+def token_mean(
+    per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float, norm_length: float | None = None
+) -> Tensor:
     """Sum of masked token losses / total masked tokens in the whole batch.
 
     DAPO's token-level policy gradient loss (arXiv 2503.14476, section 3.3): every token
@@ -75,7 +168,9 @@ def token_mean(per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_
     return (per_token * mask).sum() / total_tokens  # []
 
 
-def seq_mean_token_mean(per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float) -> Tensor:
+def seq_mean_token_mean(
+    per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float, norm_length: float | None = None
+) -> Tensor:
     """Mean over each sequence's masked tokens, summed over sequences / total sequences in the batch.
 
     The original GRPO objective (arXiv 2402.03300, eq. 3): (1/G) sum_i (1/|o_i|) sum_t.
@@ -86,28 +181,56 @@ def seq_mean_token_mean(per_token: Tensor, loss_mask: Tensor, total_tokens: floa
     return per_sequence.sum() / total_sequences  # []
 
 
-Aggregation = Callable[[Tensor, Tensor, float, float], Tensor]
+def seq_mean_token_sum_norm(
+    per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float, norm_length: float | None = None
+) -> Tensor:
+    """Sum of masked token losses / (total sequences * a CONSTANT length), the Dr. GRPO aggregation.
+
+    Dr. GRPO (arXiv 2503.20783): dividing each sequence by its own length
+    |o_i| makes short right answers and long wrong answers weigh more per token, so it
+    divides by a constant instead, the generation budget (TRL: max_completion_length; verl:
+    "seq-mean-token-sum-norm"). Pass `norm_length` = that budget (the trainer's max_tokens).
+    With None it falls back to the width of `loss_mask`, which is verl's behaviour and is a
+    constant only when every micro-batch is padded to the same width.
+    """
+    mask = loss_mask.to(per_token.dtype)  # [B, T]
+    length = float(loss_mask.shape[1]) if norm_length is None else float(norm_length)
+    if length <= 0:
+        raise ValueError(f"norm_length must be > 0, got {norm_length}")
+    return (per_token * mask).sum() / (total_sequences * length)  # []
+
+
+Aggregation = Callable[..., Tensor]
+"""(per_token [B, T], loss_mask [B, T], total_tokens, total_sequences, norm_length=None) -> []"""
 
 AGGREGATIONS: dict[str, Aggregation] = {
     "token_mean": token_mean,
     "seq_mean_token_mean": seq_mean_token_mean,
+    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
 }
 
 
 def aggregate_loss(
-    per_token: Tensor, loss_mask: Tensor, mode: str, total_tokens: float, total_sequences: float
+    per_token: Tensor,
+    loss_mask: Tensor,
+    mode: str,
+    total_tokens: float,
+    total_sequences: float,
+    *,
+    norm_length: float | None = None,
 ) -> Tensor:
     """Reduce a per-token loss [B, T] to a scalar with the aggregation named `mode` (see AGGREGATIONS).
 
     `total_tokens` (masked tokens) and `total_sequences` count the WHOLE batch, not this
     micro-batch, so summing the values of micro-batches gives the full-batch value and
     gradient accumulation needs no rescaling. Modes: "token_mean" (DAPO, arXiv 2503.14476),
-    "seq_mean_token_mean" (GRPO, arXiv 2402.03300).
+    "seq_mean_token_mean" (GRPO, arXiv 2402.03300), "seq_mean_token_sum_norm" (Dr. GRPO,
+    arXiv 2503.20783; pass `norm_length`, the generation budget).
     """
     aggregation = AGGREGATIONS.get(mode)
     if aggregation is None:
         raise ValueError(f"unknown loss aggregation {mode!r}; valid modes: {sorted(AGGREGATIONS)}")
-    return aggregation(per_token, loss_mask, total_tokens, total_sequences)  # []
+    return aggregation(per_token, loss_mask, total_tokens, total_sequences, norm_length)  # []
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -120,6 +243,37 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     log_ratio = ref_logprobs - logprobs  # [B, T]
     return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)  # [B, T]
+
+
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k1 estimate of KL(pi || ref): log pi - log ref = lp - ref.   [B, T]
+
+    Schulman, "Approximating KL Divergence" (http://joschu.net/blog/kl-approx.html): unbiased
+    but high-variance and negative on some samples. As a LOSS its gradient, grad log pi, has
+    expectation 0 under pi: on-policy it does not pull toward ref (Tang & Munos,
+    arXiv 2506.09477); it is the estimator PPO-RLHF and REINFORCE++ put in the reward.
+    """
+    return logprobs - ref_logprobs  # [B, T]
+
+
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k2 estimate of KL(pi || ref): 0.5 * (lp - ref)^2, always >= 0.   [B, T]
+
+    Schulman, "Approximating KL Divergence": biased but low-variance. As a loss its gradient
+    (lp - ref) * grad log pi is, on-policy, the exact gradient of KL(pi || ref) (arXiv
+    2506.09477), which is why REINFORCE++ recommends it as its KL loss.
+    """
+    return 0.5 * (logprobs - ref_logprobs).square()  # [B, T]
+
+
+KLEstimator = Callable[[Tensor, Tensor], Tensor]
+
+KL_ESTIMATORS: dict[str, KLEstimator] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
+}
+"""KL(pi || ref) per token by config name (`kl_estimator`): (logprobs [B, T], ref_logprobs [B, T]) -> [B, T]."""
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

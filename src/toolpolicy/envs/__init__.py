@@ -2,8 +2,9 @@
 
 from toolpolicy.envs.base import Env
 from toolpolicy.envs.calc import CalcEnv
+from toolpolicy.envs.hotel import HotelEnv
 
-ENVS: dict[str, type] = {"calc": CalcEnv}
+ENVS: dict[str, type] = {"calc": CalcEnv, "hotel": HotelEnv}
 
 
 def make_env(name: str) -> Env:
@@ -13,4 +14,4 @@ def make_env(name: str) -> Env:
     return ENVS[name]()
 
 
-__all__ = ["ENVS", "CalcEnv", "Env", "make_env"]
+__all__ = ["ENVS", "CalcEnv", "Env", "HotelEnv", "make_env"]

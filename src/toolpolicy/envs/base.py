@@ -4,11 +4,18 @@ The rollout engine owns the turn loop, tool execution and tokens. An environment
 only says which tasks exist, how an episode starts, what happens when the
 assistant answers without calling a tool (a simulated user may reply; by
 default the episode ends), and which reward weights score it.
+
+An environment whose tools change state (a database, files) gives each episode
+its own `Session` through an optional `session(task)` method: the tools bound to
+that episode's copy of the state, the user's replies, and at the end an outcome
+(e.g. whether the database reached the goal state) that reward functions read
+from `Episode.outcome`. Environments without one share `env.tools` across
+episodes (`open_session` wraps them).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from toolpolicy.tools import ToolSet
 from toolpolicy.types import Message, Task
@@ -21,6 +28,9 @@ class Env(Protocol):
     tools: ToolSet
     system_prompt: str
     default_rewards: dict[str, float]
+    success_reward: str
+    """The reward function (a REWARD_FUNCTIONS name) whose value 1.0 means the episode
+    succeeded: accuracy and pass^k count it."""
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of `split`, the same for the same arguments."""
@@ -34,6 +44,39 @@ class Env(Protocol):
         """Called after an assistant message with no tool call: the messages that
         follow it (a user reply), or None to end the episode."""
         ...
+
+
+class Session(Protocol):
+    """One episode's live state."""
+
+    tools: ToolSet
+
+    def on_answer(self, messages: list[Message]) -> list[Message] | None:
+        """As Env.on_answer, for this episode."""
+        ...
+
+    def finish(self) -> dict[str, Any]:
+        """End the episode: release its resources and return its outcome for the rewards."""
+        ...
+
+
+class SharedSession:
+    """The session of an environment without per-episode state: its tools and hooks."""
+
+    def __init__(self, env: Env, task: Task) -> None:
+        self.env, self.task, self.tools = env, task, env.tools
+
+    def on_answer(self, messages: list[Message]) -> list[Message] | None:
+        return self.env.on_answer(self.task, messages)
+
+    def finish(self) -> dict[str, Any]:
+        return {}
+
+
+def open_session(env: Env, task: Task) -> Session:
+    """The environment's own session for `task` if it has per-episode state, else a shared one."""
+    make = getattr(env, "session", None)
+    return make(task) if make is not None else SharedSession(env, task)
 
 
 def opening(system_prompt: str, task: Task) -> list[Message]:

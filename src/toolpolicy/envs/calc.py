@@ -53,6 +53,7 @@ class CalcEnv:
 
     name = "calc"
     system_prompt = SYSTEM_PROMPT
+    success_reward = "correct_answer"
     default_rewards = {
         "correct_answer": 1.0,
         "excess_tool_calls": -0.5,

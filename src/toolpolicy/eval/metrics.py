@@ -7,12 +7,13 @@ contract 4: infrastructure failure is not model failure).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from toolpolicy.rewards import policy_violation
 from toolpolicy.types import Episode
 
-PASS_KS = (1, 2, 4, 8)
+MAX_PASS_K = 16
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,14 @@ class EpisodeRecord:
     truncated: bool
     infra_error: bool
     tokens: int
+    denials: int = 0
+    denials_by_rule: dict[str, int] = field(default_factory=dict)
+    category: str = ""
+    violations: int = 0
+    """Calls that broke the policy: gate denials, plus the attempts the environment saw
+    itself (with the gate off, a stateful environment still checks its policy)."""
+    wrong_writes: int = 0
+    """Writes the environment found outside the task's reference (silent wrong state)."""
 
     @staticmethod
     def from_episode(ep: Episode, correct: bool, tokens: int) -> EpisodeRecord:
@@ -40,6 +49,11 @@ class EpisodeRecord:
             truncated=ep.truncated,
             infra_error=ep.infra_error is not None,
             tokens=tokens,
+            denials=ep.count("gate_deny"),
+            denials_by_rule=ep.denials_by_rule(),
+            category=str(ep.task.info.get("category", "")),
+            violations=int(policy_violation(ep)),
+            wrong_writes=int(ep.outcome.get("wrong_writes", 0)),
         )
 
 
@@ -85,14 +99,14 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
 
 
 def _pass_metrics(records: list[EpisodeRecord]) -> dict[str, dict[str, float]]:
-    """Mean over tasks of pass@k and pass^k for k in PASS_KS up to the fewest trials any task has."""
+    """Mean over tasks of pass@k and pass^k for k = 1 .. the fewest trials any task has (at most MAX_PASS_K)."""
     trials: dict[str, list[bool]] = defaultdict(list)
     for record in records:
         trials[record.task_id].append(record.correct)
     if not trials:
         return {"pass_at_k": {}, "pass_hat_k": {}}
     fewest = min(len(t) for t in trials.values())
-    ks = [k for k in PASS_KS if k <= fewest]
+    ks = range(1, min(fewest, MAX_PASS_K) + 1)
     at_k = {str(k): sum(pass_at_k(len(t), sum(t), k) for t in trials.values()) / len(trials) for k in ks}
     hat_k = {str(k): sum(pass_hat_k(len(t), sum(t), k) for t in trials.values()) / len(trials) for k in ks}
     return {"pass_at_k": at_k, "pass_hat_k": hat_k}
@@ -111,24 +125,45 @@ def _rates(records: list[EpisodeRecord]) -> dict[str, Any]:
         "invalid_call_rate": invalid_calls / max(1, tool_calls + invalid_calls),
         "truncated_rate": sum(r.truncated for r in records) / per_episode,
         "tokens_per_episode": sum(r.tokens for r in records) / per_episode,
+        "denials_per_episode": sum(r.denials for r in records) / per_episode,
+        "violations_per_episode": sum(r.violations for r in records) / per_episode,
+        "wrong_writes_per_episode": sum(r.wrong_writes for r in records) / per_episode,
+        "denials_by_rule": {rule: count / per_episode for rule, count in sorted(_rule_totals(records).items())},
         **_pass_metrics(records),
     }
 
 
-def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
-    """JSON-ready summary: overall rates, the same per difficulty, and the infra-error count.
+def _rule_totals(records: list[EpisodeRecord]) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for record in records:
+        for rule, count in record.denials_by_rule.items():
+            totals[rule] += count
+    return totals
 
-    Keys: n, accuracy, tool_calls_per_episode, invalid_call_rate (invalid / (valid + invalid)
-    calls), truncated_rate, tokens_per_episode, pass_at_k and pass_hat_k ({str(k): mean over
-    tasks} for k in 1, 2, 4, 8 up to the fewest trials of any task), by_difficulty
-    ({difficulty: same keys}), infra_errors. Infra-error records count only in infra_errors.
+
+def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
+    """JSON-ready summary: overall rates, the same per difficulty and per category, and
+    the infra-error count.
+
+    Keys: n, accuracy (share of successful episodes), tool_calls_per_episode,
+    invalid_call_rate (invalid / (valid + invalid) calls), truncated_rate,
+    tokens_per_episode, denials_per_episode (calls the policy gate denied),
+    denials_by_rule ({rule id: denials per episode}), violations_per_episode,
+    wrong_writes_per_episode, pass_at_k and pass_hat_k ({str(k): mean over tasks} for
+    k = 1 .. the fewest trials of any task), by_difficulty ({difficulty: same keys}),
+    by_category (when tasks have a category), infra_errors. Infra-error records count
+    only in infra_errors: they are excluded, not scored as failures.
     """
     scored = [r for r in records if not r.infra_error]
     by_difficulty: dict[str, list[EpisodeRecord]] = defaultdict(list)
+    by_category: dict[str, list[EpisodeRecord]] = defaultdict(list)
     for record in scored:
         by_difficulty[record.difficulty].append(record)
+        if record.category:
+            by_category[record.category].append(record)
     return {
         **_rates(scored),
         "by_difficulty": {d: _rates(rs) for d, rs in sorted(by_difficulty.items())},
+        **({"by_category": {c: _rates(rs) for c, rs in sorted(by_category.items())}} if by_category else {}),
         "infra_errors": len(records) - len(scored),
     }

@@ -1,6 +1,7 @@
 """An evaluation run: held-out tasks, several samples each, metrics and sample episodes to files.
 
-    toolpolicy eval CONFIG [--set eval_checkpoint=PATH] [--set eval_tasks=N]
+    toolpolicy eval CONFIG [--trials N] [--gate on|off|both] [--set eval_checkpoint=PATH]
+    toolpolicy eval CONFIG --set endpoint_url=http://localhost:8000/v1 --set endpoint_model=NAME
 
 Tasks come from the environment's "eval" split with `eval_seed`, never used in
 training. Sampling uses its own generator seeded from `eval_seed`, so the same
@@ -16,11 +17,14 @@ from typing import Any
 
 import torch
 
+from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
 from toolpolicy.model import load_policy
-from toolpolicy.rewards import Rubric
+from toolpolicy.rewards import REWARD_FUNCTIONS, Rubric
+from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
 from toolpolicy.trainer.config import Config, save_config
-from toolpolicy.trainer.setup import make_engine, wrap_policy
+from toolpolicy.trainer.setup import build_env, limits, make_engine, make_gate, wrap_policy
+from toolpolicy.types import Episode, Task
 
 
 def pick_samples(rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
@@ -39,23 +43,30 @@ def pick_samples(rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str
     return picked
 
 
-def evaluate(cfg: Config, checkpoint: Path, name: str, out_dir: Path) -> dict[str, Any]:
-    """Score `checkpoint` and write out_dir/eval/{name}.json and {name}_samples.jsonl."""
-    policy = wrap_policy(*load_policy(checkpoint))
-    generator = torch.Generator().manual_seed(cfg.eval_seed)
-    with make_engine(cfg, policy, generator) as engine:
-        env = engine.env
-        tasks = env.tasks("eval", cfg.eval_tasks, seed=cfg.eval_seed)
-        trajectories = engine.run([task for task in tasks for _ in range(cfg.eval_samples)], progress=f"eval {name}")
+def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gate: bool = True) -> dict[str, Any]:
+    """Score `checkpoint` (or the served model at cfg.endpoint_url) and write
+    out_dir/eval/{name}.json and {name}_samples.jsonl.
+
+    gate=False runs the gate in shadow mode: cfg.policy is not enforced, so the agent
+    does what it would do with nothing stopping it, and every call the policy would
+    deny is counted as a violation.
+    """
+    if cfg.endpoint_url:
+        episodes = _run_endpoint(cfg, name, gate)
+    else:
+        episodes = _run_checkpoint(cfg, checkpoint, name, gate)
+    env = build_env(cfg)
     rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
+    success = REWARD_FUNCTIONS[env.success_reward]
 
     records, rows = [], []
-    for t in trajectories:
-        score = rubric.score(t.episode)
-        correct = score.components.get("correct_answer", 0.0) == 1.0
-        records.append(EpisodeRecord.from_episode(t.episode, correct, t.response_len))
-        rows.append({**t.episode.to_dict(), "reward": score.total, "correct": correct})
-    summary = {"name": name, "checkpoint": str(checkpoint), **summarize(records)}
+    for episode, tokens in episodes:
+        correct = success(episode) == 1.0
+        records.append(EpisodeRecord.from_episode(episode, correct, tokens))
+        rows.append({**episode.to_dict(), "reward": rubric.score(episode).total, "correct": correct})
+    scored = cfg.endpoint_model if cfg.endpoint_url else str(checkpoint)
+    policy = cfg.policy or str(getattr(env, "policy_file", ""))
+    summary = {"name": name, "checkpoint": scored, "gate": gate, "policy": policy, **summarize(records)}
 
     folder = out_dir / "eval"
     folder.mkdir(parents=True, exist_ok=True)
@@ -64,3 +75,41 @@ def evaluate(cfg: Config, checkpoint: Path, name: str, out_dir: Path) -> dict[st
     samples = pick_samples(rows, cfg.samples_in_report, cfg.eval_seed)
     (folder / f"{name}_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     return summary
+
+
+def _trials(cfg: Config, env: Env) -> list[Task]:
+    tasks = env.tasks("eval", cfg.eval_tasks, seed=cfg.eval_seed)
+    return [task for task in tasks for _ in range(cfg.eval_samples)]
+
+
+def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool) -> list[tuple[Episode, int]]:
+    """Episodes of a local model, with the tokens each generated after its prompt."""
+    if checkpoint is None:
+        raise ValueError("no checkpoint to evaluate: set eval_checkpoint or endpoint_url")
+    policy = wrap_policy(*load_policy(checkpoint))
+    generator = torch.Generator().manual_seed(cfg.eval_seed)
+    with make_engine(cfg, policy, generator, enforce=gate) as engine:
+        trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}")
+    return [(t.episode, t.response_len) for t in trajectories]
+
+
+def _run_endpoint(cfg: Config, name: str, gate: bool) -> list[tuple[Episode, int]]:
+    """Episodes of the model served at cfg.endpoint_url, with the completion tokens it reported."""
+    if not cfg.endpoint_model:
+        raise ValueError("endpoint_url is set but endpoint_model is empty: name the served model")
+    env = build_env(cfg)
+    endpoint = Endpoint(
+        cfg.endpoint_url,
+        cfg.endpoint_model,
+        api_key_env=cfg.endpoint_api_key_env,
+        temperature=cfg.temperature,
+        max_tokens=cfg.endpoint_max_tokens,
+        concurrency=cfg.endpoint_concurrency,
+    )
+    client = ChatClient(endpoint)
+    try:
+        with ChatEngine(env, client, limits(cfg), make_gate(cfg, env, enforce=gate)) as engine:
+            rollouts = engine.run(_trials(cfg, env), progress=f"eval {name}")
+    finally:
+        client.close()
+    return [(r.episode, r.completion_tokens) for r in rollouts]

@@ -10,8 +10,11 @@ signing key each hash is also signed with Ed25519 (`sig`, hex), so that a chain 
 be rebuilt by someone who can only write the file.
 
 A chain cannot show that records were cut from its end. For that, every append also
-replaces a sidecar `<log>.head` holding the last seq and hash (written to a temporary
-file and renamed, so it is always whole); `verify` compares. Against someone who can
+updates a sidecar `<log>.head` holding the last seq and hash; `verify` compares. A
+durable log replaces the head file (temporary file, fsync, rename: whole after a power
+loss); otherwise the head is rewritten in place with one fixed-width `pwrite`, which
+a killed process cannot tear and which costs microseconds instead of a rename's
+millisecond. Against someone who can
 rewrite both files, keep the last head hash somewhere else too (e.g. the run summary).
 
 Durability: each record is one `write` to a file opened O_APPEND, then fsync; the head
@@ -107,6 +110,7 @@ class AuditLog:
         self._key = load_private_key(signing_key) if isinstance(signing_key, (str, Path)) else signing_key
         self._lock = threading.Lock()
         self._broken: str | None = None
+        self._head = -1
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -146,7 +150,10 @@ class AuditLog:
                 _write_all(self._fd, line)
                 if self.durable:
                     os.fsync(self._fd)
-                _write_head(self.head_path, record["seq"], record["hash"], self.durable)
+                if self.durable:
+                    _write_head(self.head_path, record["seq"], record["hash"], durable=True)
+                else:
+                    os.pwrite(self._head_fd(), head_bytes(record["seq"], record["hash"]), 0)
             except OSError as error:
                 self._broken = str(error)
                 raise AuditError(f"{self.path}: cannot write the audit record: {error}") from error
@@ -167,9 +174,17 @@ class AuditLog:
         return self._prev
 
     def close(self) -> None:
+        if self._head >= 0:
+            os.close(self._head)
+            self._head = -1
         if self._fd >= 0:
             os.close(self._fd)  # also releases the lock
             self._fd = -1
+
+    def _head_fd(self) -> int:
+        if self._head < 0:
+            self._head = os.open(self.head_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        return self._head
 
     def __enter__(self) -> AuditLog:
         return self
@@ -345,11 +360,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+HEAD_WIDTH = 120  # bytes; seq and a 64-hex hash fit with room to spare, padded with spaces
+
+
+def head_bytes(seq: int, digest: str) -> bytes:
+    """The head file's content, always HEAD_WIDTH bytes so an in-place rewrite leaves no stale tail."""
+    return (json.dumps({"seq": seq, "hash": digest}).ljust(HEAD_WIDTH - 1) + "\n").encode("ascii")
+
+
 def _write_head(path: Path, seq: int, digest: str, durable: bool) -> None:
     """Replace the head file atomically: write a temporary file, fsync, rename."""
     temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="ascii") as handle:
-        handle.write(json.dumps({"seq": seq, "hash": digest}) + "\n")
+    with open(temporary, "wb") as handle:
+        handle.write(head_bytes(seq, digest))
         if durable:
             handle.flush()
             os.fsync(handle.fileno())

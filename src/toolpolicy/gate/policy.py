@@ -111,12 +111,23 @@ class Limits:
 @dataclass(frozen=True)
 class ToolRules:
     """The rules that can apply to one tool, split by effect, each in policy order,
-    and the union of context variables their conditions read."""
+    and the union of context variables their conditions read.
+
+    A screen is the OR of one effect's conditions, compiled in chunks of
+    SCREEN_CHUNK. CEL's `||` is commutative over errors (`error || true` is true,
+    `error || false` is an error), so a screen that gives False proves that every
+    condition behind it gave False and none failed: the gate then skips those rules
+    with one evaluation per chunk instead of one per rule. Any other outcome sends
+    the gate through the rules one by one. None: no screen (a rule without a
+    condition, or no rules)."""
 
     forbid: tuple[Rule, ...]
     ask: tuple[Rule, ...]
     permit: tuple[Rule, ...]
     variables: frozenset[str]
+    forbid_screen: tuple[Any, ...] | None = None
+    ask_screen: tuple[Any, ...] | None = None
+    permit_screen: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,11 +175,13 @@ class Policy:
         found = self._index.get(tool)
         if found is None:
             matching = [rule for rule in self.rules if rule.applies_to(tool)]
+            by_effect = {e: tuple(rule for rule in matching if rule.effect == e) for e in ("forbid", "ask", "permit")}
             found = ToolRules(
-                forbid=tuple(rule for rule in matching if rule.effect == "forbid"),
-                ask=tuple(rule for rule in matching if rule.effect == "ask"),
-                permit=tuple(rule for rule in matching if rule.effect == "permit"),
+                **by_effect,
                 variables=frozenset().union(*(rule.variables for rule in matching)),
+                forbid_screen=_screen(by_effect["forbid"]),
+                ask_screen=_screen(by_effect["ask"]),
+                permit_screen=_screen(by_effect["permit"]),
             )
             if len(self._index) < 10_000:  # unknown names never reach here via Gate; bound it anyway
                 self._index[tool] = found
@@ -363,6 +376,20 @@ def _compile_condition(source: str, label: str, problems: list[str]) -> tuple[An
     if unknown_vars or unknown_functions:
         return None
     return program, frozenset(program.variables()) & CONTEXT_VARIABLES
+
+
+SCREEN_CHUNK = 32  # conditions per screen program; keeps each OR tree shallow
+
+
+def _screen(rules: tuple[Rule, ...]) -> tuple[Any, ...] | None:
+    """The OR of the rules' conditions in compiled chunks (see ToolRules), or None."""
+    if len(rules) < 2 or any(rule.when is None for rule in rules):
+        return None
+    chunks = [rules[i : i + SCREEN_CHUNK] for i in range(0, len(rules), SCREEN_CHUNK)]
+    try:
+        return tuple(_compile(" || ".join(f"({rule.when})" for rule in chunk)) for chunk in chunks)
+    except Exception:  # every condition compiled alone; a combination that does not is only slower
+        return None
 
 
 @lru_cache(maxsize=4096)

@@ -13,8 +13,8 @@ Modules: run_files (reading), comparison (before/after rows, terminal table),
 plots (PNG figures), trajectories (episode viewer), page (the HTML document).
 """
 
-from toolpolicy.report.comparison import format_comparison
+from toolpolicy.report.comparison import format_comparison, format_summary
 from toolpolicy.report.page import write_report
 from toolpolicy.report.run_files import RunFileError
 
-__all__ = ["RunFileError", "format_comparison", "write_report"]
+__all__ = ["RunFileError", "format_comparison", "format_summary", "write_report"]

@@ -80,22 +80,24 @@ def order_difficulties(names: set[str] | list[str]) -> list[str]:
     return known + sorted(set(names) - set(KNOWN_DIFFICULTIES))
 
 
-def difficulties(*evals: dict[str, Any] | None) -> list[str]:
-    """Difficulty names found in any of the evals' "by_difficulty", in display order."""
+def difficulties(*evals: dict[str, Any] | None, within: str = "by_difficulty") -> list[str]:
+    """Group names found in any of the evals' `within` ("by_difficulty" or "by_category"), in display order."""
     names: set[str] = set()
     for summary in evals:
-        by_difficulty = (summary or {}).get("by_difficulty")
-        if isinstance(by_difficulty, dict):
-            names.update(str(name) for name in by_difficulty)
+        groups = (summary or {}).get(within)
+        if isinstance(groups, dict):
+            names.update(str(name) for name in groups)
     return order_difficulties(names)
 
 
-def metric(summary: dict[str, Any] | None, key: str, difficulty: str | None = None) -> float | None:
-    """summary[key], or summary["by_difficulty"][difficulty][key]; None if absent or not a finite number."""
+def metric(
+    summary: dict[str, Any] | None, key: str, difficulty: str | None = None, within: str = "by_difficulty"
+) -> float | None:
+    """summary[key], or summary[within][difficulty][key]; None if absent or not a finite number."""
     if not isinstance(summary, dict):
         return None
     if difficulty is not None:
-        summary = (summary.get("by_difficulty") or {}).get(difficulty)
+        summary = (summary.get(within) or {}).get(difficulty)
         if not isinstance(summary, dict):
             return None
     value = summary.get(key)
@@ -107,6 +109,8 @@ def metric(summary: dict[str, Any] | None, key: str, difficulty: str | None = No
 def comparison_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
     """Accuracy, tool calls per episode (overall and per difficulty) and invalid-call rate."""
     ds = difficulties(before, after)
+    if ds == ["all"]:  # tasks without a difficulty: the per-difficulty rows would repeat the totals
+        ds = []
 
     def row(label: str, key: str, kind: Kind, better: int, difficulty: str | None = None) -> Row:
         return Row(label, metric(before, key, difficulty), metric(after, key, difficulty), kind, better)
@@ -118,6 +122,25 @@ def comparison_rows(before: dict[str, Any] | None, after: dict[str, Any] | None)
         *(row(f"tool calls/episode {d}", "tool_calls_per_episode", "count", 0, d) for d in ds),
         row("invalid-call rate", "invalid_call_rate", "rate", -1),
     ]
+
+
+def policy_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
+    """Success per task category, policy violations, wrong-state writes and gate denials,
+    for environments that report them (absent from both evals: no rows)."""
+    categories = difficulties(before, after, within="by_category")
+    rows = [
+        Row(f"success {c}", metric(before, "accuracy", c, "by_category"), metric(after, "accuracy", c, "by_category"), "rate", +1)
+        for c in categories
+    ]
+    for label, key in (
+        ("violation attempts/episode", "violations_per_episode"),
+        ("wrong-state writes/episode", "wrong_writes_per_episode"),
+        ("gate denials/episode", "denials_per_episode"),
+    ):
+        values = metric(before, key), metric(after, key)
+        if categories or any(v for v in values):
+            rows.append(Row(label, *values, "count", -1))
+    return rows
 
 
 def pass_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
@@ -152,16 +175,30 @@ def format_comparison(before: dict[str, Any], after: dict[str, Any]) -> str:
     tool calls/episode     n/a     n/a        n/a
     invalid-call rate      n/a     n/a        n/a
     """
-    rows = comparison_rows(before, after) + pass_rows(before, after)
+    rows = comparison_rows(before, after) + policy_rows(before, after) + pass_rows(before, after)
     title = f"{(before or {}).get('name', 'before')} -> {(after or {}).get('name', 'after')}"
     sizes = [metric(before, "n"), metric(after, "n")]
     if any(size is not None for size in sizes):
         title += "   (n = " + " / ".join(format_value(size, "integer") for size in sizes) + " episodes)"
     table = [("metric", "before", "after", "change")]
     table += [(r.label, r.before_text, r.after_text, r.change_text) for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(4)]
-    lines = [title]
+    return "\n".join([title, *_aligned(table)])
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A plain-text table of one eval summary: success, per group, policy figures, pass^k, details."""
+    rows = comparison_rows(None, summary) + policy_rows(None, summary) + pass_rows(None, summary)
+    rows += detail_rows(None, summary)
+    table = [("metric", "value")] + [(r.label, r.after_text) for r in rows if r.after is not None]
+    gate = f", policy {summary['policy']} {'enforced' if summary.get('gate') else 'not enforced'}" if summary.get("policy") else ""
+    return "\n".join([f"{summary.get('name', 'eval')} ({summary.get('checkpoint', '')}{gate})", *_aligned(table)])
+
+
+def _aligned(table: list[tuple[str, ...]]) -> list[str]:
+    """Rows of cells as lines: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    lines = []
     for line in table:
         cells = [line[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(line[1:], widths[1:])]
         lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    return lines

@@ -11,6 +11,7 @@ import math
 import re
 from typing import Callable
 
+from toolpolicy.rewards import tool_efficiency
 from toolpolicy.types import Episode
 
 RewardFunction = Callable[[Episode], float]
@@ -123,9 +124,85 @@ def tool_error_count(episode: Episode) -> float:
     return float(episode.count("tool_error"))
 
 
-def gate_deny_count(episode: Episode) -> float:
-    """Number of calls the gate denied."""
-    return float(episode.count("gate_deny"))
+def policy_violation(episode: Episode) -> float:
+    """Calls that broke the policy (give it a negative weight to penalise them): those the
+    gate denied, plus those that ran although the policy forbids them. The latter come from
+    the environment when it checks its own policy (`outcome["violations"]`, e.g. the hotel
+    session) and otherwise from the gate in shadow mode (`violation` events), so the same
+    behaviour counts the same with the gate on or off, and nothing is counted twice.
+
+    Only policy denials count: a call to an unknown tool or with arguments that break
+    the schema is an `invalid_call`, which `invalid_call_count` covers.
+    """
+    ran_anyway = episode.outcome["violations"] if "violations" in episode.outcome else episode.count("violation")
+    return float(episode.count("gate_deny") + int(ran_anyway))
+
+
+# ---- stateful environments (hotel): scored on the session's outcome -------------------
+
+
+def facts_communicated(episode: Episode) -> float:
+    """1.0 if every fact in `task.info["must_say"]` (a refund amount, new dates, a refusal's
+    reason keyword) appears, case-insensitively, in the assistant's messages to the user.
+    Tool-call arguments do not count: the user does not see them. No facts required: 1.0.
+
+    >>> from toolpolicy.types import Message, Task
+    >>> task = Task("t", "Refund 30 on B1", "", {"must_say": ["30"]})
+    >>> facts_communicated(Episode(task, [Message("assistant", "Refunded 30 on B1.")]))
+    1.0
+    """
+    said = " ".join(m.content for m in episode.messages if m.role == "assistant").lower()
+    return 1.0 if all(str(fact).lower() in said for fact in episode.task.info.get("must_say", ())) else 0.0
+
+
+def goal_state(episode: Episode) -> float:
+    """1.0 if the environment reports that its final state equals the goal state
+    (`outcome["goal_reached"]`, e.g. the database's canonical hash), else 0.0."""
+    return 1.0 if episode.outcome.get("goal_reached") else 0.0
+
+
+def task_success(episode: Episode) -> float:
+    """1.0 iff the final state is the goal state and the required facts were told to the user;
+    an episode cut by a budget (truncated) or broken by infrastructure scores 0.0.
+
+    >>> from toolpolicy.types import Message, Task
+    >>> task = Task("t", "", "", {"must_say": []})
+    >>> done = Episode(task, [Message("assistant", "Done.")], outcome={"goal_reached": True})
+    >>> task_success(done), task_success(Episode(done.task, done.messages, truncated=True, outcome=done.outcome))
+    (1.0, 0.0)
+    """
+    if episode.truncated or episode.infra_error is not None:
+        return 0.0
+    return goal_state(episode) * facts_communicated(episode)
+
+
+def wrong_state_writes(episode: Episode) -> float:
+    """Writes the policy allowed but the reference does not make (`outcome["wrong_writes"]`):
+    the silent mistakes only the database check sees, such as cancelling the wrong booking."""
+    return float(episode.outcome.get("wrong_writes", 0))
+
+
+def otc_reward(episode: Episode) -> float:
+    """OTC-PO's reward (arXiv 2504.14870): correct_answer scaled by how close the number of
+    tool calls is to the fewest the task needs (`task.info["min_tool_calls"]`): 1 at exactly
+    that many, less with more or fewer. Without a known minimum, plain correct_answer."""
+    correct = correct_answer(episode)
+    fewest = episode.task.info.get("min_tool_calls")
+    return correct if fewest is None else tool_efficiency.otc_reward(correct, episode.count("tool_call"), int(fewest))
+
+
+EAPO_DIFFICULTY = {"easy": 0.0, "medium": 0.5, "hard": 1.0}
+"""Task difficulty as EAPO's shaping reads it (0 = easy); unknown difficulties count as 0.5."""
+
+
+def eapo_reward(episode: Episode) -> float:
+    """EAPO-style difficulty-aware efficiency (arXiv 2606.02132): correct_answer minus a
+    penalty per call beyond the fewest needed, mostly on easy tasks (see
+    tool_efficiency.eapo_reward for the form used)."""
+    correct = correct_answer(episode)
+    fewest = int(episode.task.info.get("min_tool_calls", 0))
+    difficulty = EAPO_DIFFICULTY.get(episode.task.difficulty, 0.5)
+    return tool_efficiency.eapo_reward(correct, episode.count("tool_call"), fewest, difficulty)
 
 
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {
@@ -135,5 +212,11 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "excess_tool_calls": excess_tool_calls,
     "invalid_call_count": invalid_call_count,
     "tool_error_count": tool_error_count,
-    "gate_deny_count": gate_deny_count,
+    "policy_violation": policy_violation,
+    "otc_reward": otc_reward,
+    "eapo_reward": eapo_reward,
+    "facts_communicated": facts_communicated,
+    "goal_state": goal_state,
+    "task_success": task_success,
+    "wrong_state_writes": wrong_state_writes,
 }

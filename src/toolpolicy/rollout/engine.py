@@ -21,12 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
+from typing_extensions import Self
 
-from toolpolicy.chat import IM_END, HermesTemplate, parse_assistant
-from toolpolicy.envs.base import Env
+from toolpolicy.chat import IM_END, HermesTemplate, ParsedTurn, parse_assistant
+from toolpolicy.envs.base import Env, Session, open_session
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
 from toolpolicy.rollout.trajectory import Trajectory
+from toolpolicy.tools import ToolSet
 from toolpolicy.types import Episode, Event, Message, Task
 
 Encode = Callable[[str], list[int]]
@@ -57,7 +59,7 @@ class Limits:
 
 
 def observe(
-    text: str, env: Env, gate: Gate, ledger: Ledger, turn: int, max_call_chars: int
+    text: str, tools: ToolSet, gate: Gate, ledger: Ledger, turn: int, max_call_chars: int
 ) -> tuple[Message, list[Message], list[Event], str | None]:
     """Parse one assistant turn, gate its calls and run the allowed ones.
 
@@ -68,26 +70,40 @@ def observe(
     """
     parsed = parse_assistant(text, max_call_chars=max_call_chars)
     shown = text.split(IM_END)[0].strip() if parsed.errors else parsed.content
+    return act(parsed, shown, tools, gate, ledger, turn)
+
+
+def act(
+    parsed: ParsedTurn, shown: str, tools: ToolSet, gate: Gate, ledger: Ledger, turn: int
+) -> tuple[Message, list[Message], list[Event], str | None]:
+    """Gate a decoded turn's calls and run the allowed ones (see `observe`).
+
+    `shown` is the assistant text to record. Backends that return calls already
+    decoded (chat-completions endpoints) start here.
+    """
     assistant = Message("assistant", shown, parsed.tool_calls)
     observations: list[Message] = []
     events: list[Event] = []
     for error in parsed.errors:
-        observations.append(Message("tool", error.message, name="error"))
+        observations.append(Message("tool", error.message, name="error", tool_call_id=error.call_id))
         events.append(Event("invalid_call", turn, error.kind))
     for call in parsed.tool_calls:
         try:
             decision = gate.decide(call, ledger)
         except AuditError as error:
             return assistant, observations, events, f"audit log: {error}"
-        if not decision.allowed:
+        malformed = bool(GATE_MALFORMED.intersection(decision.rule_ids))
+        if not decision.allowed and (gate.enforce or malformed):
             ledger.record(call, "denied")
-            malformed = bool(GATE_MALFORMED.intersection(decision.rule_ids))
-            observations.append(Message("tool", decision.observation(), name=call.name))
+            observations.append(Message("tool", decision.observation(), name=call.name, tool_call_id=call.id))
             events.append(Event("invalid_call" if malformed else "gate_deny", turn, ",".join(decision.rule_ids)))
             continue
-        result = env.tools.call(call)
+        if not decision.allowed:  # shadow mode: counted, then run as if there were no gate
+            events.append(Event("violation", turn, ",".join(decision.rule_ids)))
+        result = tools.call(call)
         ledger.record(call, "ok" if result.ok else "error")
-        observations.append(Message("tool", gate.redact(result.content), name=call.name))
+        ledger.facts.update(result.facts)
+        observations.append(Message("tool", gate.redact(result.content), name=call.name, tool_call_id=call.id))
         if result.ok:
             events.append(Event("tool_call", turn, call.name))
         elif result.error in MODEL_FAULTS:
@@ -97,7 +113,61 @@ def observe(
     return assistant, observations, events, None
 
 
-class RolloutEngine:
+def record_turn(
+    episode: Episode,
+    session: Session,
+    assistant: Message,
+    observations: list[Message],
+    events: list[Event],
+    infra_error: str | None,
+) -> list[Message] | None:
+    """Add an acted-on assistant turn (what `act` returns) to the episode; return the
+    messages that follow it (tool observations, or the user's reply to an answer), or
+    None when the episode ends there."""
+    episode.messages.append(assistant)
+    episode.events.extend(events)
+    if infra_error is not None:
+        episode.infra_error = infra_error
+        return None
+    return observations or session.on_answer(episode.messages) or None
+
+
+def with_sessions(env: Env, episodes: list[Episode], turns: Callable[[list[Session]], None]) -> None:
+    """Open a session per episode, run `turns` on them, then record every session's
+    outcome on its episode, also when `turns` failed. A session that cannot finish
+    marks its episode as an infrastructure error (the environment's fault, not the model's)."""
+    sessions: list[Session] = []
+    try:
+        sessions.extend(open_session(env, episode.task) for episode in episodes)
+        turns(sessions)
+    finally:
+        for episode, session in zip(episodes, sessions):
+            try:
+                episode.outcome = session.finish()
+            except Exception as error:
+                episode.infra_error = episode.infra_error or f"session finish: {type(error).__name__}: {error}"
+
+
+class GatedLoop:
+    """What every episode loop shares: the environment, its gate and closing the gate's audit log."""
+
+    def __init__(self, env: Env, gate: Gate | None) -> None:
+        self.env = env
+        self.gate = gate if gate is not None else Gate(allow_all_policy(), env.tools)
+
+    def close(self) -> None:
+        """Close the gate's audit log, releasing its single-writer lock for the next engine."""
+        if self.gate.audit is not None:
+            self.gate.audit.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RolloutEngine(GatedLoop):
     """Runs batches of episodes of one environment with one backend."""
 
     def __init__(
@@ -110,24 +180,12 @@ class RolloutEngine:
         limits: Limits,
         gate: Gate | None = None,
     ) -> None:
-        self.env = env
-        self.gate = gate if gate is not None else Gate(allow_all_policy(), env.tools)
+        super().__init__(env, gate)
         self.template = template
         self.encode = encode
         self.decode = decode
         self.backend = backend
         self.limits = limits
-
-    def close(self) -> None:
-        """Close the gate's audit log, releasing its single-writer lock for the next engine."""
-        if self.gate.audit is not None:
-            self.gate.audit.close()
-
-    def __enter__(self) -> RolloutEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def start(self, task: Task) -> Trajectory:
         messages = self.env.initial_messages(task)
@@ -138,6 +196,14 @@ class RolloutEngine:
         """One episode per task (repeat a task in `tasks` to sample a group)."""
         trajectories = [self.start(task) for task in tasks]
         ledgers = [Ledger() for _ in tasks]
+        episodes = [t.episode for t in trajectories]
+        with_sessions(self.env, episodes, lambda sessions: self._turns(trajectories, ledgers, sessions, progress))
+        return trajectories
+
+    def _turns(
+        self, trajectories: list[Trajectory], ledgers: list[Ledger], sessions: list[Session], progress: str | None
+    ) -> None:
+        tasks = [t.episode.task for t in trajectories]
         live = list(range(len(tasks)))
         bar = tqdm(total=len(tasks), desc=progress, leave=False, disable=progress is None)
         for turn in range(self.limits.max_turns):
@@ -150,7 +216,7 @@ class RolloutEngine:
             generations = self.backend.generate(requests)
             still_live = []
             for i, generation in zip(live, generations):
-                if self._advance(trajectories[i], ledgers[i], generation, turn):
+                if self._advance(trajectories[i], ledgers[i], sessions[i], generation, turn):
                     still_live.append(i)
                 else:
                     bar.update(1)
@@ -159,9 +225,8 @@ class RolloutEngine:
             self._truncate(trajectories[i], self.limits.max_turns, "max_turns")
         bar.update(len(live))
         bar.close()
-        return trajectories
 
-    def _advance(self, trajectory: Trajectory, ledger: Ledger, generation: Generation, turn: int) -> bool:
+    def _advance(self, trajectory: Trajectory, ledger: Ledger, session: Session, generation: Generation, turn: int) -> bool:
         """Append one sampled turn and its observation; return whether the episode goes on."""
         episode = trajectory.episode
         ids = generation.ids
@@ -171,17 +236,11 @@ class RolloutEngine:
             episode.messages.append(Message("assistant", text.strip()))
             self._truncate(trajectory, turn, "max_turn_tokens" if len(ids) else "max_tokens")
             return False
-        assistant, observations, events, infra_error = observe(text, self.env, self.gate, ledger, turn, self.limits.max_call_chars)
-        episode.messages.append(assistant)
-        episode.events.extend(events)
-        if infra_error is not None:
-            episode.infra_error = infra_error
+        observations = record_turn(
+            episode, session, *observe(text, session.tools, self.gate, ledger, turn, self.limits.max_call_chars)
+        )
+        if observations is None:
             return False
-        if not observations:
-            reply = self.env.on_answer(episode.task, episode.messages)
-            if reply is None:
-                return False
-            observations = reply
         fragment = self.encode(self.template.render_observation(observations))
         episode.messages.extend(observations)
         if trajectory.response_len + len(fragment) >= self.limits.max_tokens:

@@ -54,23 +54,33 @@ class Tool:
 @typing.overload
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 @typing.overload
-def tool(*, name: str | None = None, description: str | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None
+    *, name: str | None = None, description: str | None = None, effect: Literal["read", "write"] = "read"
+) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    effect: Literal["read", "write"] = "read",
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Turn a typed function into a Tool: `@tool` or `@tool(name=..., description=...)`.
+    """Turn a typed function into a Tool: `@tool` or `@tool(name=..., description=..., effect="write")`.
 
     The description is the docstring's first paragraph unless given; every parameter
-    needs a type hint and an entry in the docstring's `Args:` section.
+    needs a type hint and an entry in the docstring's `Args:` section. `effect` declares
+    whether the tool may change state ("write") or only reads ("read", the default).
     """
+    if effect not in ("read", "write"):
+        raise TypeError(f"@tool effect must be 'read' or 'write', not {effect!r}")
 
     def make(fn: Callable[..., Any]) -> Tool:
-        return _make_tool(fn, name or fn.__name__, description)
+        return _make_tool(fn, name or fn.__name__, description, effect)
 
     return make if fn is None else make(fn)
 
 
-def _make_tool(fn: Callable[..., Any], name: str, description: str | None) -> Tool:
+def _make_tool(fn: Callable[..., Any], name: str, description: str | None, effect: Literal["read", "write"]) -> Tool:
     where = f"@tool {fn.__qualname__}"
     if not TOOL_NAME.match(name):
         raise TypeError(f"{where}: tool name {name!r} must be 1-64 letters, digits, '_' or '-'")
@@ -100,7 +110,7 @@ def _make_tool(fn: Callable[..., Any], name: str, description: str | None) -> To
         raise TypeError(f"{where}: docstring describes {', '.join(extra)}, which the function does not take")
     model = create_model(f"{name}_arguments", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
     parameters = {"type": "object", "properties": properties, "required": required}
-    return Tool(name, ToolSpec(name, description, parameters), fn, model)
+    return Tool(name, ToolSpec(name, description, parameters, effect), fn, model)
 
 
 def json_schema(annotation: Any, where: str) -> dict[str, Any]:

@@ -58,9 +58,12 @@ class ToolSet:
         except ValidationError as error:
             return self._result(describe_invalid_arguments(target, error), "invalid_arguments")
         try:
-            return self._result(output_text(target.fn(**arguments)))
+            output = target.fn(**arguments)
         except Exception as error:  # the tool's own failure, shown to the model; KeyboardInterrupt still propagates
             return self._result(_describe_exception(error), "tool_error")
+        if isinstance(output, ToolResult):  # a tool that records facts or reports its own error
+            return ToolResult(truncate(output.content, self.max_output_chars), output.error, dict(output.facts))
+        return self._result(output_text(output))
 
     def _result(self, content: str, error: Any = None) -> ToolResult:
         return ToolResult(truncate(content, self.max_output_chars), error)

@@ -87,6 +87,12 @@ class Config(BaseModel):
     """Demonstrator: probability of a needless call on an easy task."""
     expert_malformed: float = Field(0.1, ge=0, le=1)
     """Demonstrator: probability that a call is first written malformed, then fixed."""
+    expert_violation: float = Field(0.2, ge=0, le=1)
+    """Hotel demonstrator: probability of breaking the policy on a task (skipping verification,
+    refunding too much, carrying out a request it should refuse)."""
+    expert_guess: float = Field(0.1, ge=0, le=1)
+    """Hotel demonstrator: probability of acting without asking where the answer matters
+    (cancelling the first of several bookings, changing dates the guest would decline)."""
 
     # --- RL ----------------------------------------------------------------
     init_from: str = ""
@@ -134,13 +140,29 @@ class Config(BaseModel):
     eval_tasks: int = Field(100, ge=1)
     """Held-out tasks per evaluation."""
     eval_samples: int = Field(4, ge=1)
-    """Samples per held-out task (accuracy is their mean; pass@k uses them)."""
+    """Trials per held-out task (accuracy is their mean; pass@k and pass^k use them; `--trials N` sets it)."""
     eval_seed: int = 10_000
     """Seed of the held-out tasks; never used for training tasks."""
     eval_checkpoint: str = ""
     """Checkpoint `toolpolicy eval` scores; empty uses the newest model in run_dir."""
     samples_in_report: int = Field(8, ge=0)
     """Episodes per evaluation saved for the report's trajectory viewer."""
+    endpoint_url: str = ""
+    """OpenAI-compatible chat-completions endpoint (e.g. http://localhost:8000/v1) that
+    `toolpolicy eval` scores instead of a local checkpoint; empty scores eval_checkpoint."""
+    endpoint_model: str = ""
+    """Model name sent to the endpoint."""
+    endpoint_api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the endpoint's API key (unset: no key is sent)."""
+    endpoint_max_tokens: int = Field(1024, ge=1)
+    """Tokens one assistant turn of the served model may generate."""
+    endpoint_concurrency: int = Field(8, ge=1)
+    """Requests to the endpoint in flight at once."""
+    user_endpoint_url: str = ""
+    """Hotel: an OpenAI-compatible endpoint whose model plays the guest from the task's
+    scenario (training and evaluation); empty uses the scripted guest."""
+    user_endpoint_model: str = ""
+    """Model name for `user_endpoint_url`."""
 
 
 def _format_errors(error: ValidationError, source: str) -> str:

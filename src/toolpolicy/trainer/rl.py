@@ -20,7 +20,7 @@ k3 KL to the initial policy.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -102,6 +102,12 @@ def rollout_metrics(trajectories: list[Trajectory], scores: list[Score]) -> dict
     out["truncated_rate"] = sum(t.episode.truncated for t in trajectories) / n
     out["infra_errors"] = sum(t.episode.infra_error is not None for t in trajectories)
     out["response_tokens"] = sum(t.response_len for t in trajectories) / n
+    out["denials"] = sum(t.episode.count("gate_deny") for t in trajectories) / n
+    by_rule: Counter[str] = Counter()
+    for t in trajectories:
+        by_rule.update(t.episode.denials_by_rule())
+    for rule, count in sorted(by_rule.items()):
+        out[f"denials/{rule}"] = count / n
     for difficulty, rows in sorted(by_difficulty.items()):
         out[f"accuracy/{difficulty}"] = sum(scores[i].components.get("correct_answer", 0.0) for i in rows) / len(rows)
         out[f"tool_calls/{difficulty}"] = sum(trajectories[i].episode.count("tool_call") for i in rows) / len(rows)

@@ -3,26 +3,50 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import torch
 
 from toolpolicy.envs import Env, make_env
-from toolpolicy.envs.calc import ExpertStyle
+from toolpolicy.envs import calc, hotel
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import codec, make_template, pad_id, stop_ids
 from toolpolicy.model.embedded import ModelShape, save_embedded
 from toolpolicy.rollout import Backend, HFBackend, Limits, RolloutEngine, ScriptedBackend, Trajectory, allow_all_policy
-from toolpolicy.trainer.config import Config, save_config
+from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
+from toolpolicy.trainer.config import Config, ConfigError, save_config
 
 
 def limits(cfg: Config) -> Limits:
     return Limits(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens, max_turn_tokens=cfg.max_turn_tokens)
 
 
-def expert_style(cfg: Config) -> ExpertStyle:
-    return ExpertStyle(cfg.expert_tool_on_hard, cfg.expert_tool_on_easy, cfg.expert_malformed)
+# How each environment's imperfect demonstrator is set from the config.
+EXPERT_STYLES: dict[str, Callable[[Config], Any]] = {
+    "calc": lambda cfg: calc.ExpertStyle(cfg.expert_tool_on_hard, cfg.expert_tool_on_easy, cfg.expert_malformed),
+    "hotel": lambda cfg: hotel.ExpertStyle(cfg.expert_violation, cfg.expert_guess),
+}
+
+
+def build_env(cfg: Config) -> Env:
+    """The environment `cfg.env`; hotel's guest is played by the served model at
+    `user_endpoint_url` when one is set, else by the scripted user."""
+    if cfg.env == "hotel" and cfg.user_endpoint_url:
+        endpoint = Endpoint(
+            cfg.user_endpoint_url, cfg.user_endpoint_model, cfg.endpoint_api_key_env, temperature=cfg.temperature
+        )
+        client = ChatClient(endpoint)
+        return hotel.HotelEnv(user=lambda task: EndpointUser(client, hotel.scenario_text(task)))
+    return make_env(cfg.env)
+
+
+def expert_style(cfg: Config) -> Any:
+    if cfg.env not in EXPERT_STYLES:
+        raise ConfigError(f"environment {cfg.env!r} has no demonstrator for SFT (known: {', '.join(EXPERT_STYLES)})")
+    return EXPERT_STYLES[cfg.env](cfg)
 
 
 def prepare_run_dir(cfg: Config) -> Path:
@@ -37,7 +61,7 @@ def prepare_run_dir(cfg: Config) -> Path:
 def demonstrations(cfg: Config, n: int, encode, decode, seed_tag: str) -> list[Trajectory]:
     """Expert episodes replayed through the real engine: tool results come from running
     the calls, tokens from the template's fragments, the mask from the engine."""
-    env = make_env(cfg.env)
+    env = build_env(cfg)
     template = make_template(cfg.compact_tools_prompt)
     tasks = env.tasks("train", n, seed=cfg.seed)
     rng = random.Random(f"expert/{seed_tag}/{cfg.seed}")
@@ -83,18 +107,22 @@ def wrap_policy(model, tokenizer) -> PolicyModel:
     return PolicyModel(model, tokenizer, encode, decode)
 
 
-def make_gate(cfg: Config, env: Env) -> Gate | None:
-    """The gate of `cfg.policy` (allow-all without one), logging to RUN_DIR/audit.jsonl if
-    `cfg.audit`; None when neither is set, for the engine's own allow-all gate."""
-    if not cfg.policy and not cfg.audit:
+def make_gate(cfg: Config, env: Env, enforce: bool = True) -> Gate | None:
+    """The gate of `cfg.policy`, or of the environment's own policy file (`env.policy_file`,
+    e.g. hotel's), or allow-all; logging to RUN_DIR/audit.jsonl if `cfg.audit`. None when
+    there is neither a policy nor an audit log, for the engine's own allow-all gate.
+    enforce=False is shadow mode: violations are counted, not prevented."""
+    path = cfg.policy or getattr(env, "policy_file", "")
+    if not path and not cfg.audit:
         return None
-    policy = Policy.load(cfg.policy) if cfg.policy else allow_all_policy()
+    policy = Policy.load(path) if path else allow_all_policy()
     audit = AuditLog(Path(cfg.run_dir) / "audit.jsonl", durable=False) if cfg.audit else None
-    return Gate(policy, env.tools, audit=audit)
+    return Gate(policy, env.tools, audit=audit, enforce=enforce)
 
 
-def make_engine(cfg: Config, policy: PolicyModel, generator: torch.Generator) -> RolloutEngine:
-    env = make_env(cfg.env)
+def make_engine(cfg: Config, policy: PolicyModel, generator: torch.Generator, enforce: bool = True) -> RolloutEngine:
+    env = build_env(cfg)
     template = make_template(cfg.compact_tools_prompt)
     backend = policy.backend(generator, cfg.temperature)
-    return RolloutEngine(env, template, policy.encode, policy.decode, backend, limits(cfg), make_gate(cfg, env))
+    gate = make_gate(cfg, env, enforce)
+    return RolloutEngine(env, template, policy.encode, policy.decode, backend, limits(cfg), gate)

@@ -1,0 +1,169 @@
+"""`hotel`: a hotel desk on a real SQLite database, with a written policy and a simulated guest.
+
+Each episode gets a private copy of the seed database (`HotelSession`). The model
+reads the policy as markdown in its system prompt; the same rules, machine-checked,
+are policy.yaml (also examples/policies/hotel.yaml), which the rollout gate enforces
+when it is given. Whether or not the engine's gate is on, the session checks every
+call against that policy before running it, so `outcome["violations"]` counts the
+calls that broke a rule and ran anyway (only possible with the gate off); the calls
+the gate denied are the episode's `gate_deny` events. Outcome, read by the rewards:
+
+    goal_reached   the final database hashes like the reference run's (tasks.goal_hash)
+    violations     calls that ran although the policy forbids them; violation_rules by id
+    wrong_writes   writes the policy allowed that the reference does not make
+                   (silent wrong-state writes: wrong booking, wrong amount, unconfirmed change)
+    writes         successful write calls
+    category, kind the task's
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from toolpolicy.envs.base import opening
+from toolpolicy.envs.hotel.database import TODAY, canonical_hash, fresh_copy
+from toolpolicy.envs.hotel.expert import ExpertStyle, expert_turns
+from toolpolicy.envs.hotel.tasks import make_tasks, plan_calls
+from toolpolicy.envs.hotel.tools import make_tools
+from toolpolicy.envs.hotel.user import UserFactory, scripted_user
+from toolpolicy.gate import Gate, Ledger, Policy
+from toolpolicy.tools import ToolSet
+from toolpolicy.types import Message, Task, ToolCall, ToolResult
+
+POLICY_FILE = Path(__file__).with_name("policy.yaml")
+
+# The policy as the model reads it: the rules of policy.yaml in words, plus what no gate
+# condition can see (asking which booking, confirming a change), which only the database
+# comparison checks. Kept to a few lines: the tiny model pays for every prompt token.
+POLICY_MARKDOWN = f"""Hotel desk. Today: {TODAY}.
+Rules:
+- Verify the guest (id, last name, birth year) before using bookings.
+- Only their own bookings; read one before changing it.
+- Cancel only confirmed bookings over 48h before check-in, or insured.
+- Change only confirmed bookings, to dates after today; ask to confirm first.
+- Refund at most paid minus refunded.
+- Ask which booking if unclear. Refuse politely with the reason.
+- Disputes: handoff."""
+
+# Sessions compare writes by these arguments only: free text may differ from the reference.
+FREE_TEXT_ARGUMENTS = ("text", "summary")
+
+
+def write_key(call: ToolCall) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """A write as the database check sees it: the tool and its non-free-text arguments."""
+    return call.name, tuple(sorted((k, v) for k, v in call.arguments.items() if k not in FREE_TEXT_ARGUMENTS))
+
+
+class WatchedToolSet(ToolSet):
+    """A ToolSet that lets its session check each call before it runs and see its result after."""
+
+    def __init__(self, tools: ToolSet, session: HotelSession) -> None:
+        super().__init__([tools[name] for name in tools.names], tools.max_output_chars)
+        self.session = session
+
+    def call(self, call: ToolCall) -> ToolResult:
+        broken = self.session.before(call)
+        result = super().call(call)
+        self.session.after(call, result, broken)
+        return result
+
+
+class HotelSession:
+    """One episode: its database copy, its guest, and the policy mirror that counts violations."""
+
+    def __init__(self, task: Task, mirror: Gate, user: UserFactory) -> None:
+        self.task = task
+        self.db = fresh_copy(task.info["db_seed"])
+        base = make_tools(self.db)
+        self.mirror, self.ledger = mirror, Ledger()  # the gate is stateless; the ledger is this episode's
+        self.tools = WatchedToolSet(base, self)
+        self.effects = {spec.name: spec.effect for spec in base.specs()}
+        self.user = user(task)
+        reference = plan_calls(task.info["plan"])
+        self.expected_writes = Counter(write_key(c) for c in reference if self.effects[c.name] == "write")
+        self.violation_rules: Counter[str] = Counter()
+        self.violations = self.wrong_writes = self.writes = 0
+
+    def before(self, call: ToolCall) -> bool:
+        """Whether the policy forbids `call`; counted as a violation if so (it runs anyway: the gate is off)."""
+        decision = self.mirror.evaluate(call, self.ledger)
+        if decision.allowed or any(rule.startswith("gate:") for rule in decision.rule_ids):
+            return False
+        self.violations += 1
+        self.violation_rules.update(decision.rule_ids)
+        return True
+
+    def after(self, call: ToolCall, result: ToolResult, broken: bool) -> None:
+        self.ledger.record(call, "ok" if result.ok else "error")
+        self.ledger.facts.update(result.facts)
+        if not result.ok or self.effects.get(call.name) != "write":
+            return
+        self.writes += 1
+        key = write_key(call)
+        if self.expected_writes[key] > 0:
+            self.expected_writes[key] -= 1
+        elif not broken:
+            self.wrong_writes += 1
+
+    def on_answer(self, messages: list[Message]) -> list[Message] | None:
+        text = self.user.reply(messages)
+        return None if text is None else [Message("user", text)]
+
+    def finish(self) -> dict[str, Any]:
+        """The outcome for the rewards. Raises if the simulated user failed (an endpoint
+        down): the engine then marks the episode an infrastructure error, not a failure."""
+        try:
+            reached = canonical_hash(self.db) == self.task.info["goal_hash"]
+        finally:
+            self.db.close()
+        if error := getattr(self.user, "error", None):
+            raise RuntimeError(f"the simulated user failed: {error}")
+        return {
+            "goal_reached": reached, "violations": self.violations, "violation_rules": dict(self.violation_rules),
+            "wrong_writes": self.wrong_writes, "writes": self.writes,
+            "category": self.task.info["category"], "kind": self.task.info["kind"],
+        }
+
+
+class HotelEnv:
+    """Hotel stays on SQLite; see the module docstring."""
+
+    name = "hotel"
+    system_prompt = POLICY_MARKDOWN
+    policy_file = POLICY_FILE
+    success_reward = "task_success"
+    default_rewards = {
+        "task_success": 1.0,
+        "policy_violation": -0.25,
+        "invalid_call_count": -0.1,
+        "wrong_state_writes": 0.0,
+        "goal_state": 0.0,
+        "facts_communicated": 0.0,
+        "tool_call_count": 0.0,
+    }
+
+    def __init__(self, db_seed: int = 0, user: UserFactory = scripted_user) -> None:
+        self.db_seed = db_seed
+        self.user = user
+        self.policy = Policy.load(POLICY_FILE)
+        self.tools = make_tools(fresh_copy(db_seed))  # the specs the template lists; episodes use their own copy
+        self.mirror = Gate(self.policy, self.tools)  # counts violations in every session, with no audit log
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        return make_tasks(split, n, seed, self.db_seed)
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        return opening(self.system_prompt, task)
+
+    def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
+        raise RuntimeError("hotel episodes run in a session: use env.session(task)")
+
+    def session(self, task: Task) -> HotelSession:
+        return HotelSession(task, self.mirror, self.user)
+
+    def expert_turns(self, task: Task, rng: random.Random, style: ExpertStyle) -> list[Message]:
+        """The imperfect demonstrator's assistant turns for `task` (see expert.py)."""
+        return expert_turns(task, rng, style)

@@ -1,0 +1,191 @@
+"""BFCL-style call matching: one hand-written case per rule, and the ToolRL-style reward."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import toolpolicy.rewards.bfcl
+from toolpolicy.cli import main
+from toolpolicy.eval.bfcl import BfclFileError, load_entries
+from toolpolicy.rewards.bfcl import call_reward, match_calls, normalize
+from toolpolicy.types import ToolCall
+
+AREA = {
+    "name": "triangle_area",
+    "description": "Area of a triangle.",
+    "parameters": {
+        "type": "dict",
+        "properties": {
+            "base": {"type": "integer"},
+            "height": {"type": "float"},
+            "unit": {"type": "string"},
+            "exact": {"type": "boolean"},
+        },
+        "required": ["base", "height"],
+    },
+}
+WEATHER = {
+    "name": "weather",
+    "description": "Weather for a city.",
+    "parameters": {
+        "type": "dict",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "array", "items": {"type": "string"}},
+            "options": {"type": "dict"},
+        },
+        "required": ["city"],
+    },
+}
+FUNCTIONS = [AREA, WEATHER]
+AREA_ANSWER = {"triangle_area": {"base": [10], "height": [5.0], "unit": ["cm", "centimeters", ""], "exact": [True, ""]}}
+WEATHER_ANSWER = {
+    "weather": {"city": ["New York, NY", "NYC"], "days": [["Mon", "Tue"], ""], "options": [{"units": ["metric"], "lang": ["en", ""]}, ""]}
+}
+
+
+def area(**arguments) -> ToolCall:
+    return ToolCall("triangle_area", arguments)
+
+
+def weather(**arguments) -> ToolCall:
+    return ToolCall("weather", arguments)
+
+
+CASES = [
+    # (rule, calls, expected answers, matches?)
+    ("exact match", [area(base=10, height=5.0)], [AREA_ANSWER], True),
+    ("wrong function name", [ToolCall("triangle_areas", {"base": 10, "height": 5.0})], [AREA_ANSWER], False),
+    ("required parameter missing", [area(base=10)], [AREA_ANSWER], False),
+    ("unknown parameter", [area(base=10, height=5.0, colour="red")], [AREA_ANSWER], False),
+    ("optional parameter left out", [area(base=10, height=5.0)], [AREA_ANSWER], True),
+    ("optional parameter given right", [area(base=10, height=5.0, unit="centimeters")], [AREA_ANSWER], True),
+    ("optional parameter given wrong", [area(base=10, height=5.0, unit="inches")], [AREA_ANSWER], False),
+    ("int accepted for float", [area(base=10, height=5)], [AREA_ANSWER], True),
+    ("float not accepted for int", [area(base=10.0, height=5.0)], [AREA_ANSWER], False),
+    ("string not accepted for number", [area(base="10", height=5.0)], [AREA_ANSWER], False),
+    ("bool is not an int", [area(base=True, height=5.0)], [AREA_ANSWER], False),
+    ("boolean value", [area(base=10, height=5.0, exact=True)], [AREA_ANSWER], True),
+    ("boolean wrong type", [area(base=10, height=5.0, exact="true")], [AREA_ANSWER], False),
+    ("wrong number value", [area(base=11, height=5.0)], [AREA_ANSWER], False),
+    ("string: case and punctuation ignored", [weather(city="new york ny")], [WEATHER_ANSWER], True),
+    ("string: alternative accepted", [weather(city="nyc")], [WEATHER_ANSWER], True),
+    ("string: different word", [weather(city="Boston")], [WEATHER_ANSWER], False),
+    ("list equal after normalising", [weather(city="NYC", days=["mon", "TUE"])], [WEATHER_ANSWER], True),
+    ("list order matters", [weather(city="NYC", days=["Tue", "Mon"])], [WEATHER_ANSWER], False),
+    ("list length matters", [weather(city="NYC", days=["Mon"])], [WEATHER_ANSWER], False),
+    ("list has wrong type", [weather(city="NYC", days="Mon, Tue")], [WEATHER_ANSWER], False),
+    ("dict key by key", [weather(city="NYC", options={"units": "Metric"})], [WEATHER_ANSWER], True),
+    ("dict unknown key", [weather(city="NYC", options={"units": "metric", "wind": "kmh"})], [WEATHER_ANSWER], False),
+    ("dict wrong value", [weather(city="NYC", options={"units": "imperial"})], [WEATHER_ANSWER], False),
+    ("dict required key missing", [weather(city="NYC", options={"lang": "en"})], [WEATHER_ANSWER], False),
+    ("parallel in order", [area(base=10, height=5.0), weather(city="NYC")], [AREA_ANSWER, WEATHER_ANSWER], True),
+    ("parallel in any order", [weather(city="NYC"), area(base=10, height=5.0)], [AREA_ANSWER, WEATHER_ANSWER], True),
+    ("parallel, one call short", [area(base=10, height=5.0)], [AREA_ANSWER, WEATHER_ANSWER], False),
+    ("parallel, one too many", [area(base=10, height=5.0)] * 2, [AREA_ANSWER], False),
+    (
+        "parallel, same function twice with different values",
+        [area(base=3, height=5.0), area(base=10, height=5.0)],
+        [AREA_ANSWER, {"triangle_area": {"base": [3], "height": [5.0]}}],
+        True,
+    ),
+    ("parallel, each call used once", [area(base=10, height=5.0)] * 2, [AREA_ANSWER, {"triangle_area": {"base": [3], "height": [5.0]}}], False),
+    ("irrelevance: no call is right", [], [], True),
+    ("irrelevance: any call is wrong", [weather(city="NYC")], [], False),
+    ("relevant: no call is wrong", [], [AREA_ANSWER], False),
+]
+
+
+@pytest.mark.parametrize(("rule", "calls", "expected", "matches"), CASES, ids=[case[0] for case in CASES])
+def test_matcher_rules(rule: str, calls: list[ToolCall], expected: list, matches: bool) -> None:
+    result = match_calls(calls, FUNCTIONS, expected)
+    assert result.ok is matches, result.problems
+    assert bool(result.problems) is not matches  # a failure always says why
+
+
+def test_problems_name_the_parameter() -> None:
+    result = match_calls([area(base=10, height=5.0, unit="inches")], FUNCTIONS, [AREA_ANSWER])
+    assert result.problems == ("triangle_area.unit: 'inches' is not one of ['cm', 'centimeters', '']",)
+    assert "missing required parameter 'height'" in match_calls([area(base=10)], FUNCTIONS, [AREA_ANSWER]).problems[0]
+
+
+def test_normalize_and_doctests() -> None:
+    assert normalize("It's 5-6 p.m.") == 'it"s56pm'
+    assert doctest.testmod(toolpolicy.rewards.bfcl).failed == 0
+
+
+def test_reward_gives_partial_credit() -> None:
+    perfect = call_reward([area(base=10, height=5.0)], 0, FUNCTIONS, [AREA_ANSWER])
+    assert perfect == {"format": 1.0, "tool_name": 1.0, "param_names": 1.0, "param_values": 1.0, "total": 1.0}
+    # right function, one of two required values wrong: names all right, values half right
+    half = call_reward([area(base=11, height=5.0)], 0, FUNCTIONS, [AREA_ANSWER])
+    assert half["param_names"] == 1.0 and half["param_values"] == 0.5 and half["total"] == pytest.approx(3.5 / 4)
+    # an extra unknown parameter: names 2 of 3 agree (Jaccard), values 2 right of 3 needed or given
+    extra = call_reward([area(base=10, height=5.0, colour="red")], 0, FUNCTIONS, [AREA_ANSWER])
+    assert extra["param_names"] == pytest.approx(2 / 3) and extra["param_values"] == pytest.approx(2 / 3)
+    # wrong function: no credit beyond format
+    wrong = call_reward([weather(city="NYC")], 0, FUNCTIONS, [AREA_ANSWER])
+    assert wrong == {"format": 1.0, "tool_name": 0.0, "param_names": 0.0, "param_values": 0.0, "total": 0.25}
+    # one of two parallel calls made, plus a malformed one: names 1/2, format 0
+    partial = call_reward([area(base=10, height=5.0)], 1, FUNCTIONS, [AREA_ANSWER, WEATHER_ANSWER])
+    assert partial["format"] == 0.0 and partial["tool_name"] == 0.5 and partial["param_values"] == 0.5
+    assert call_reward([], 0, FUNCTIONS, [])["total"] == 1.0
+    assert call_reward([weather(city="NYC")], 0, FUNCTIONS, [])["total"] == 0.25
+
+
+SAMPLE = Path(__file__).parent.parent / "examples" / "bfcl" / "sample.jsonl"
+SMOKE = Path(__file__).parent.parent / "src" / "toolpolicy" / "configs" / "smoke.yaml"
+SERVER = Path(__file__).parent / "fixtures" / "chat_server.py"
+
+
+def test_the_sample_file_loads_with_every_category() -> None:
+    entries = load_entries(SAMPLE)
+    assert len(entries) == 24
+    assert {e.category for e in entries} == {"simple", "multiple", "parallel", "parallel_multiple", "irrelevance"}
+    schema = entries[0].specs()[0].parameters
+    assert schema["type"] == "object" and schema["properties"]["amount"]["type"] == "number"
+
+
+def test_eval_bfcl_scores_a_served_oracle_perfectly(tmp_path: Path, capsys) -> None:
+    """The oracle sends each entry's first acceptable values (parallel calls reversed): 100%."""
+    env = {**os.environ, "BFCL_ORACLE": str(SAMPLE)}
+    server = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        port = server.stdout.readline().split()[1]
+        settings = [f"run_dir={tmp_path}", f"endpoint_url=http://127.0.0.1:{port}/v1", "endpoint_model=bfcl-oracle"]
+        assert main(["eval", str(SMOKE), "--bfcl", str(SAMPLE), *[x for s in settings for x in ("--set", s)]]) == 0
+    finally:
+        server.kill()
+        server.wait()
+    summary = json.loads((tmp_path / "eval" / "bfcl.json").read_text())
+    assert summary["n"] == 24 and summary["accuracy"] == 1.0 and summary["reward"]["total"] == 1.0
+    assert "parallel_multiple" in capsys.readouterr().out
+
+
+def test_eval_bfcl_runs_a_local_checkpoint_and_reports_bad_files(tmp_path: Path) -> None:
+    shipped = Path(__file__).parent.parent / "checkpoints" / "calc-sft"
+    answers = tmp_path / "answers.jsonl"
+    questions = tmp_path / "questions.jsonl"
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:4]]
+    questions.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "ground_truth"}) + "\n" for r in rows))
+    answers.write_text("".join(json.dumps({"id": r["id"], "ground_truth": r["ground_truth"]}) + "\n" for r in rows))
+    args = ["eval", str(SMOKE), "--bfcl", str(questions), "--answers", str(answers), "--set", f"run_dir={tmp_path}",
+            "--set", f"eval_checkpoint={shipped}"]
+    assert main(args) == 0
+    results = [json.loads(line) for line in (tmp_path / "eval" / "bfcl_results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in results] == [r["id"] for r in rows]
+    assert all(r["ok"] == (not r["problems"]) for r in results)  # a calculator model cannot book rooms
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "simple_0", "question": "hi", "function": []}\n')
+    assert main(["eval", str(SMOKE), "--bfcl", str(broken), "--set", f"eval_checkpoint={shipped}"]) == 2
+    with pytest.raises(BfclFileError, match=r"broken.jsonl:1: 'question' must be a list"):
+        load_entries(broken)
+    with pytest.raises(BfclFileError, match="no ground truth for 'simple_0'"):
+        load_entries(questions)
