@@ -2,6 +2,7 @@
 
 from toolpolicy.tools.calculator import calculator
 from toolpolicy.tools.decorator import Tool, tool
+from toolpolicy.tools.sandbox import PythonSandbox, SandboxLimits
 from toolpolicy.tools.toolset import ToolSet
 
-__all__ = ["Tool", "ToolSet", "calculator", "tool"]
+__all__ = ["PythonSandbox", "SandboxLimits", "Tool", "ToolSet", "calculator", "tool"]

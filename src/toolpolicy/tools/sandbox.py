@@ -1,0 +1,463 @@
+"""The Python sandbox tool: model-written code runs in a separate, confined process.
+
+A `PythonSandbox` keeps warm worker processes (`sandbox_worker.py`, standard library
+only). A worker isolates itself once, at start. Each call runs in a child the worker
+forked and confined ahead of time, so a call costs milliseconds, not an interpreter
+start. The child has fresh globals, an empty working folder, rlimits and no
+privileges; when it exits or the wall clock runs out, every process it started is
+killed. Nothing a call does (files, modules, globals, processes) reaches the next call.
+
+What a call gets on each platform; `PythonSandbox.isolation` says which column applies
+(method "root", "user-namespace" or "none"):
+
+              root                      user-namespace            none
+              (Linux, run as root)      (Linux, not root, user    (macOS and other POSIX;
+                                        namespaces allowed)       Linux refusing the
+                                                                  namespaces: `note` says why)
+  network     none: a network namespace with no interface up;     the host's network
+              connect() fails, even to 127.0.0.1; no DNS
+  writing     only the working folder: every mount is read-only   wherever the call's uid
+              and nosuid; /tmp is a fresh tmpfs (folder_mb) per   may write; the working
+              call, mounted noexec and dropped after it           folder is a new folder
+                                                                  in the host's temp dir
+  reading     what nobody may read;     what the caller may       what the call's uid
+              private ancestors of the  read, except the          may read; without root,
+              interpreter (/root) are   caller's home, which is   also the environment and
+              empty but for its folders empty but for the         memory of the caller's
+                                        interpreter's folders     other processes
+  processes   own PID namespace and read-only /proc: host         own session; its process
+              processes are invisible; at the end every process   group is killed at the end
+              of the call is killed (kill(-1) from the            (a process that calls
+              namespace's process 1), even ones that left its     setsid escapes; the wall
+              session                                             clock does not reach it)
+  user        uid/gid nobody (65534),   uid 0 of the namespace    nobody when root (as in
+              no capabilities,          (the caller outside),     the first column), else
+              no_new_privs              no capabilities,          the caller's uid, as is
+                                        no_new_privs
+  processes   RLIMIT_NPROC for uid      RLIMIT_NPROC counts this  root: as the first column;
+  limit       nobody: one budget with   worker's namespace only   otherwise not set: only
+              every other process of                              the wall clock bounds a
+              nobody (concurrent calls)                           fork bomb
+
+On every platform: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE and no core dumps (macOS does
+not enforce RLIMIT_AS); an environment of PATH, LANG, HOME, TMPDIR and PWD only (the
+host's variables never reach a worker); the interpreter in isolated mode (-I); the
+wall-clock deadline; output cut to `max_output_chars`, with a note saying how much.
+
+Not covered, on any platform: there is no seccomp filter, so the kernel's whole
+system-call surface is reachable; files readable by the call's uid stay readable
+(read-only is not invisible); memory is limited per process, not per call (n
+processes may use n x memory_mb, plus folder_mb of tmpfs); /dev/shm is read-only, so
+multiprocessing's semaphores are unavailable; bubblewrap is not used, nothing beyond
+the kernel is needed. In the "none" column as root, a call runs as nobody and can
+import only what nobody can read (a Python under /root is not covered without a mount
+namespace); otherwise it runs as the worker's uid and can kill its worker, which is
+reported as an infra error. Windows is not supported.
+
+CPU time and the wall clock are reported differently on purpose. A busy loop hits
+the CPU limit first (`cpu_seconds` < `wall_seconds`): that is the code's fault, a
+"tool_error". A wall-clock timeout means the code waited (sleep, a blocked read) or
+the machine was too loaded to run it: a "timeout".
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from toolpolicy.tools.decorator import Tool, tool
+from toolpolicy.tools.sandbox_worker import remove_folder
+from toolpolicy.types import ErrorKind, ToolResult
+
+WORKER_FILE = Path(__file__).with_name("sandbox_worker.py")
+WORKER_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+START_SECONDS = 30.0  # a worker must report its isolation within this
+REPLY_GRACE_SECONDS = 5.0  # beyond the wall clock, for the worker to kill, reap and reply
+SHUTDOWN_SECONDS = 1.0  # close() waits this long for workers to exit on their own
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+WORK_FOLDER = "/tmp"
+
+Status = Literal["ok", "exception", "exit", "timeout", "cpu", "memory", "file_size", "killed", "infra"]
+# A wall-clock timeout is the code's doing (it slept, blocked or spun), so the model sees
+# it as its own tool error and RL can penalise it; only a broken worker is "infra".
+_ERROR_KINDS: dict[str, ErrorKind | None] = {"ok": None, "infra": "infra"}
+_NO_NETWORK_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EADDRNOTAVAIL}
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one call may use, and how many calls may run at once."""
+
+    cpu_seconds: int = 5
+    """CPU time of the call's process (RLIMIT_CPU); past it the process is killed with SIGXCPU."""
+    wall_seconds: float = 10.0
+    """Wall-clock deadline of a call; at it every process of the call is killed."""
+    memory_mb: int = 256
+    """Address space of each process of the call (RLIMIT_AS); past it allocations raise MemoryError."""
+    file_size_mb: int = 16
+    """Largest file the call may write (RLIMIT_FSIZE); a longer write fails with EFBIG."""
+    folder_mb: int = 64
+    """Size of the call's working folder (a tmpfs where the filesystem is isolated)."""
+    max_processes: int = 32
+    """Processes the call may run at once (RLIMIT_NPROC, where the call has a uid of its own)."""
+    max_output_chars: int = 3000
+    """stdout and stderr kept per call; the rest is counted and reported as cut. Keep it
+    under ToolSet.max_output_chars so the line saying why a call failed is not cut."""
+    workers: int = 2
+    """Warm worker processes, i.e. calls that can run at the same time."""
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value <= 0:
+                raise ValueError(f"SandboxLimits.{name} must be positive, got {value}")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The confinement the workers got on this machine (the rows of the module docstring's table)."""
+
+    method: Literal["root", "user-namespace", "none"]
+    network: bool
+    """No network at all: a network namespace with no interface up."""
+    filesystem: bool
+    """The host's files are read-only and the working folder is a private tmpfs."""
+    processes: bool
+    """A PID namespace with its own /proc: host processes are invisible, every process of a call dies with it."""
+    user: bool
+    """The code runs without privileges: as nobody, or with no capabilities in a user namespace."""
+    note: str = ""
+    """Why namespaces were unavailable, when they were."""
+
+
+@dataclass(frozen=True)
+class SandboxRun:
+    """What one call did: how it ended, what it printed, and the line the model reads about it."""
+
+    status: Status
+    output: str
+    """stdout and stderr as they were interleaved, cut to max_output_chars."""
+    omitted: int
+    """Characters of output cut after `output`."""
+    reason: str
+    """One line saying why the call failed, or a hint for the failure; "" when there is nothing to add."""
+    exit_code: int | None = None
+    signal: int | None = None
+    cpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def error(self) -> ErrorKind | None:
+        """Whose fault a failure was: the code's (tool_error), the wall clock's, or the sandbox's."""
+        return _ERROR_KINDS.get(self.status, "tool_error")
+
+    def observation(self) -> str:
+        """The text the model sees: output, a note if it was cut, then the reason."""
+        lines = [self.output.rstrip("\n")] if self.output else []
+        if self.omitted:
+            lines.append(f"... [output truncated: {self.omitted} more characters]")
+        if self.reason:
+            lines.append(self.reason)
+        return "\n".join(lines) or "(no output)"
+
+    def to_tool_result(self) -> ToolResult:
+        return ToolResult(self.observation(), self.error)
+
+
+class WorkerError(Exception):
+    """A worker died, hung or answered nonsense: the sandbox's failure, not the code's."""
+
+
+class PythonSandbox:
+    """Warm, isolated Python workers shared by any number of threads; `.tool` is the model's `python` tool.
+
+    >>> with PythonSandbox() as sandbox:                     # doctest: +SKIP
+    ...     sandbox.run("print(6 * 7)").output
+    '42\\n'
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, isolate: bool = True, name: str = "python") -> None:
+        """Start `limits.workers` workers and wait until each has isolated itself.
+
+        `isolate=False` skips the namespaces (the "none" row), e.g. to compare.
+        Raises RuntimeError if a worker cannot start.
+        """
+        self.limits = limits or SandboxLimits()
+        self._config = {"isolate": isolate, **asdict(self.limits)}
+        self._lock = threading.Lock()
+        self._workers: set[Worker] = set()
+        self._idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+        self._closed = False
+        started = [self._spawn() for _ in range(self.limits.workers)]
+        try:
+            isolations = {worker.wait_ready(START_SECONDS) for worker in started}
+        except WorkerError as error:
+            self.close()
+            raise RuntimeError(f"the Python sandbox could not start: {error}") from error
+        self.isolation = min(isolations, key=lambda each: (each.network, each.filesystem, each.processes))
+        for worker in started:
+            self._idle.put(worker)
+        self.tool: Tool = self._make_tool(name)
+
+    def run(self, code: str) -> SandboxRun:
+        """Run one program in a fresh child of a warm worker. Never raises for anything the code does."""
+        if self._closed:
+            return infra_run("the sandbox is closed")
+        worker = self._idle.get()
+        try:
+            worker = self._healthy(worker)
+            report = worker.request({"code": code}, self.limits.wall_seconds + REPLY_GRACE_SECONDS)
+        except WorkerError as error:
+            worker.kill()  # replaced when next taken from the queue
+            return infra_run(str(error))
+        finally:
+            self._idle.put(worker)
+        if "infra" in report:
+            return infra_run(report["infra"])
+        return read_report(report, self.limits, self.isolation)
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers (each the parent of its namespace's process 1)."""
+        with self._lock:
+            return sorted(worker.pid for worker in self._workers if worker.alive)
+
+    def description(self) -> str:
+        """The tool description: what the model may rely on, in one paragraph."""
+        limits, version = self.limits, f"{sys.version_info.major}.{sys.version_info.minor}"
+        network = " There is no network." if self.isolation.network else ""
+        return (
+            f"Run a Python {version} program in a fresh sandboxed process and return what it prints "
+            f"(stdout and stderr). Nothing persists between calls; the working folder starts empty.{network} "
+            f"Limits: {limits.cpu_seconds} s CPU, {limits.wall_seconds:g} s wall clock, {limits.memory_mb} MB memory."
+        )
+
+    def close(self) -> None:
+        """Kill every worker; later calls return an infra error. Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            workers, self._workers = list(self._workers), set()
+        for worker in workers:  # all at once: a worker removes its folder before it exits
+            worker.close_input()
+        deadline = time.monotonic() + SHUTDOWN_SECONDS
+        for worker in workers:
+            worker.discard(grace=max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> PythonSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self) -> Worker:
+        worker = Worker(self._config)
+        with self._lock:
+            self._workers.add(worker)
+            closed = self._closed
+        if closed:
+            worker.discard()
+        return worker
+
+    def _healthy(self, worker: Worker) -> Worker:
+        """`worker` if it is alive, else a fresh one in its place (WorkerError if that fails too)."""
+        if worker.alive:
+            return worker
+        worker.discard()
+        with self._lock:
+            self._workers.discard(worker)
+        replacement = self._spawn()
+        try:
+            replacement.wait_ready(START_SECONDS)
+        except WorkerError:
+            replacement.discard()
+            with self._lock:
+                self._workers.discard(replacement)
+            raise
+        return replacement
+
+    def _make_tool(self, name: str) -> Tool:
+        sandbox = self
+
+        def python(code: str) -> ToolResult:
+            """Run a Python program.
+
+            Args:
+                code: A complete Python 3 program; print what you want to see.
+            """
+            return sandbox.run(code).to_tool_result()
+
+        return tool(name=name, description=self.description())(python)
+
+
+class Worker:
+    """One warm worker process and the JSON-lines pipes to it."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        # Working folders go here when the worker cannot mount a tmpfs; removed with the
+        # worker, also when it was killed before it could clean up.
+        self.scratch = tempfile.mkdtemp(prefix="toolpolicy-sandbox-")
+        os.chmod(self.scratch, 0o711)  # a call running as nobody must reach its folder inside
+        command = [sys.executable, "-I", str(WORKER_FILE), json.dumps({**config, "scratch": self.scratch})]
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=WORKER_ENVIRONMENT,
+            cwd="/",
+            start_new_session=True,  # its own process group, killed as one
+        )
+        self.pid = self.process.pid
+        self._pending = b""
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def wait_ready(self, timeout: float) -> Isolation:
+        """The isolation the worker reports once it has set itself up."""
+        message = self._read(timeout)
+        fields = message.get("isolation")
+        if not isinstance(fields, dict):
+            raise WorkerError(f"the worker started with an unexpected message: {str(message)[:200]}")
+        return Isolation(fields["method"], fields["network"], fields["filesystem"], fields["processes"],
+                         fields["user"], fields.get("unavailable", ""))  # fmt: skip
+
+    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.write(json.dumps(message).encode() + b"\n")
+            self.process.stdin.flush()
+        except (OSError, ValueError) as error:  # ValueError: the pipe was closed by discard()
+            raise WorkerError(f"the worker is gone ({error})") from None
+        return self._read(timeout)
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        """The next JSON line from the worker; WorkerError on end of file, timeout or garbage."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerError(f"the worker did not answer within {timeout:g} s")
+            try:
+                fd = self.process.stdout.fileno()
+                ready, _, _ = select.select([fd], [], [], remaining)
+                chunk = os.read(fd, 65536) if ready else None
+            except (OSError, ValueError) as error:  # the pipe was closed under us
+                raise WorkerError(f"the pipe from the worker failed ({error})") from None
+            if chunk is None:
+                continue
+            if not chunk:
+                raise WorkerError("the worker exited")
+            self._pending += chunk
+            if len(self._pending) > MAX_REPLY_BYTES:
+                raise WorkerError("the worker's reply is too large")
+        line, self._pending = self._pending.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise WorkerError(f"the worker answered something that is not JSON: {line[:200]!r}") from None
+
+    def kill(self) -> None:
+        """Kill the worker's process group; its namespace, and every call in it, dies with it.
+
+        The pipes stay open for the thread that may be reading them (it sees end of
+        file); `discard` closes them once the worker is out of use.
+        """
+        if self.process.poll() is None:  # once reaped, the group id may belong to someone else
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.process.wait()
+
+    def close_input(self) -> None:
+        """End of file for the worker: it finishes its call, cleans up and exits."""
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        except OSError:  # a write buffered for a dead worker
+            pass
+
+    def discard(self, grace: float = 0.0) -> None:
+        """Let the worker exit on its own for `grace` seconds, then kill it; close its pipes.
+
+        A thread still reading the pipes gets WorkerError.
+        """
+        self.close_input()
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        remove_folder(self.scratch)
+
+
+def read_report(report: dict[str, Any], limits: SandboxLimits, isolation: Isolation) -> SandboxRun:
+    """A worker's report of one call, classified and explained."""
+    status, reason = classify(report, limits, isolation)
+    return SandboxRun(
+        status=status,
+        output=report["output"],
+        omitted=report["omitted"],
+        reason=reason,
+        exit_code=report["exit_code"],
+        signal=report["signal"],
+        cpu_seconds=report["cpu_seconds"],
+        wall_seconds=report["wall_seconds"],
+    )
+
+
+def classify(report: dict[str, Any], limits: SandboxLimits, isolation: Isolation) -> tuple[Status, str]:
+    """How a call ended and the one line the model should read about it.
+
+    >>> plain = {"timed_out": False, "signal": None, "exit_code": 0, "exception": None, "cpu_seconds": 0.01, "omitted": 0}
+    >>> classify({**plain, "signal": 24, "exit_code": None}, SandboxLimits(cpu_seconds=2), Isolation("none", *[False] * 4))
+    ('cpu', 'CPU time limit of 2 s exceeded; the process was killed.')
+    """
+    exception, signal_number = report["exception"], report["signal"]
+    if report["timed_out"]:
+        killed = "every process it started was killed" if isolation.processes else "its process group was killed"
+        return "timeout", f"Timed out after {limits.wall_seconds:g} s wall clock; {killed}."
+    if signal_number == signal.SIGXCPU or (signal_number == signal.SIGKILL and report["cpu_seconds"] >= limits.cpu_seconds):
+        return "cpu", f"CPU time limit of {limits.cpu_seconds} s exceeded; the process was killed."
+    if signal_number == signal.SIGXFSZ or (exception and exception["errno"] == errno.EFBIG):
+        return "file_size", f"File size limit of {limits.file_size_mb} MB exceeded."
+    if exception and exception["type"] == "MemoryError":
+        return "memory", f"Memory limit of {limits.memory_mb} MB exceeded (MemoryError)."
+    if exception:
+        return "exception", exception_hint(exception, report["omitted"] > 0, limits, isolation)
+    if signal_number is not None:
+        return "killed", f"The process was killed by signal {signal.Signals(signal_number).name}."
+    if report["exit_code"]:
+        return "exit", f"The program exited with status {report['exit_code']}."
+    return "ok", ""
+
+
+def exception_hint(exception: dict[str, Any], output_cut: bool, limits: SandboxLimits, isolation: Isolation) -> str:
+    """What to add to a traceback: the error itself if the output cut it off, and why the sandbox refused."""
+    lines = [exception["summary"]] if output_cut else []
+    number = exception["errno"]
+    if isolation.network and (number in _NO_NETWORK_ERRNOS or exception["type"] == "gaierror"):
+        lines.append("The sandbox has no network access.")
+    elif isolation.filesystem and number == errno.EROFS:
+        lines.append(f"Only the working folder ({WORK_FOLDER}) is writable; the rest of the file system is read-only.")
+    elif number == errno.ENOSPC:
+        lines.append(f"The working folder is full ({limits.folder_mb} MB).")
+    return "\n".join(lines)
+
+
+def infra_run(detail: str) -> SandboxRun:
+    return SandboxRun("infra", "", 0, f"The sandbox failed ({detail}); this is not the program's fault.")

@@ -1,0 +1,582 @@
+"""The Python sandbox: containment of hostile code, what the model reads about it, and the warm workers.
+
+Real processes, no mocks. Each containment test checks the observation the model gets
+and that the host is unaffected afterwards (no process left over, no file written, the
+host can still fork). A test of an isolation feature this machine does not give skips
+and says why (`PythonSandbox.isolation`); it never passes without checking.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from toolpolicy.tools import PythonSandbox, SandboxLimits, ToolSet
+from toolpolicy.tools.sandbox import Isolation, SandboxRun, classify
+from toolpolicy.types import ToolCall
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the sandbox forks; Windows is not supported")
+
+LIMITS = SandboxLimits(
+    cpu_seconds=1, wall_seconds=3.0, memory_mb=128, file_size_mb=1, folder_mb=8,
+    max_processes=16, max_output_chars=400, workers=2,
+)  # fmt: skip
+MARGIN = 2.0  # seconds a call may take past its limit to be killed, reaped and answered on a loaded machine
+SECRET_NAME, SECRET = "TOOLPOLICY_TEST_SECRET", "s3cret-value-9f2c"
+NOBODY = 65534
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[PythonSandbox]:
+    """Two warm workers, started after a secret was put in the host's environment."""
+    os.environ[SECRET_NAME] = SECRET
+    try:
+        with PythonSandbox(LIMITS) as box:
+            yield box
+    finally:
+        os.environ.pop(SECRET_NAME, None)
+
+
+@pytest.fixture(scope="module")
+def solo() -> Iterator[PythonSandbox]:
+    """One worker, so consecutive calls are known to share it."""
+    with PythonSandbox(SandboxLimits(cpu_seconds=1, wall_seconds=3.0, workers=1)) as box:
+        yield box
+
+
+def require(box: PythonSandbox, feature: str) -> None:
+    if not getattr(box.isolation, feature):
+        why = box.isolation.note or "not available on this platform"
+        pytest.skip(f"no {feature} isolation here (method {box.isolation.method!r}: {why})")
+
+
+# ---------------------------------------------------------------- host-side checks
+
+
+def processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, uid, command line) of every process on the host."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):  # exited while being read
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        table[int(entry.name)] = (parent, uid, command)
+    return table
+
+
+def descendants(pid: int) -> set[int]:
+    table = processes()
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, (parent, _, _) in table.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def assert_nothing_left(box: PythonSandbox, marker: str = "") -> None:
+    """Every worker is back to its resting processes, and no marked process survives.
+
+    At rest a worker has the next call's child, forked ahead and waiting for its code,
+    and in namespace mode the namespace's process 1 as well; anything more is a process
+    the last call left behind. The waiting child is forked just after the reply, so the
+    count may need a moment to reach the resting number; it must never stay above it.
+    """
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc on this platform to look for leftover processes")
+    resting = 2 if box.isolation.method != "none" else 1
+    for pid in box.worker_pids():
+        deadline = time.monotonic() + 2.0
+        while len(descendants(pid)) != resting and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(descendants(pid)) == resting, f"worker {pid} has {descendants(pid)} (expected {resting})"
+    if marker:
+        survivors = [command for _, _, command in processes().values() if marker in command]
+        assert not survivors, f"processes survived the call: {survivors}"
+
+
+def nobody_processes() -> int:
+    return sum(1 for _, uid, _ in processes().values() if uid == NOBODY)
+
+
+def run_timed(box: PythonSandbox, code: str) -> tuple[SandboxRun, float]:
+    start = time.monotonic()
+    result = box.run(code)
+    return result, time.monotonic() - start
+
+
+def wait_until_dead(pid: int) -> None:
+    """Until `pid` is a zombie or gone (it is not this process's child, so it cannot be waited for)."""
+    if not Path("/proc").is_dir():
+        time.sleep(0.5)
+        return
+    for _ in range(200):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not die")
+
+
+# ---------------------------------------------------------------- what a call returns
+
+
+def test_prints_output(sandbox: PythonSandbox) -> None:
+    run = sandbox.run("print(6 * 7)\nimport sys; print('warn', file=sys.stderr)")
+    assert (run.status, run.output, run.error) == ("ok", "42\nwarn\n", None)
+    assert run.to_tool_result().content == "42\nwarn"
+    assert sandbox.run("x = 1").observation() == "(no output)"
+
+
+def test_exception_shows_a_traceback_of_the_code_only(sandbox: PythonSandbox) -> None:
+    run = sandbox.run("def f(x):\n    return 1 / x\n\nf(0)")
+    assert run.status == "exception" and run.error == "tool_error"
+    assert 'File "<code>", line 4, in <module>' in run.output
+    assert "return 1 / x" in run.output  # the source line is shown
+    assert run.output.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert "sandbox_worker" not in run.output
+
+
+def test_syntax_error_and_exit_status(sandbox: PythonSandbox) -> None:
+    broken = sandbox.run("print(")
+    assert broken.status == "exception" and "SyntaxError" in broken.output
+    exited = sandbox.run("import sys; print('bye'); sys.exit(3)")
+    assert (exited.status, exited.exit_code) == ("exit", 3)
+    assert exited.observation() == "bye\nThe program exited with status 3."
+    assert sandbox.run("raise SystemExit(0)").status == "ok"
+
+
+def test_output_is_truncated_and_says_so(sandbox: PythonSandbox) -> None:
+    run = sandbox.run("print('x' * 5000)")
+    assert run.output == "x" * 400
+    assert run.omitted == 5001 - 400  # the newline counts
+    assert run.observation().endswith("... [output truncated: 4601 more characters]")
+    endless, seconds = run_timed(sandbox, "while True:\n    print('y' * 100)")
+    assert endless.status in ("cpu", "timeout") and len(endless.output) == 400 and endless.omitted > 0
+    assert seconds < LIMITS.wall_seconds + MARGIN
+
+
+def test_a_cut_traceback_still_names_the_error(sandbox: PythonSandbox) -> None:
+    run = sandbox.run("print('z' * 1000)\nraise ValueError('the real problem')")
+    assert run.omitted > 0
+    assert run.observation().endswith("ValueError: the real problem")
+
+
+def test_the_program_ends_when_its_threads_do(sandbox: PythonSandbox) -> None:
+    code = (
+        "import threading, time\n"
+        "def work():\n    time.sleep(0.2)\n    print('thread done')\n"
+        "threading.Thread(target=work).start()\n"
+        "print('main done')\n"
+    )
+    assert sandbox.run(code).output == "main done\nthread done\n"
+
+
+# ---------------------------------------------------------------- containment
+
+
+def test_infinite_loop_hits_the_cpu_limit(sandbox: PythonSandbox) -> None:
+    run, seconds = run_timed(sandbox, "while True:\n    pass")
+    assert run.status == "cpu" and run.error == "tool_error"
+    assert run.observation() == "CPU time limit of 1 s exceeded; the process was killed."
+    assert seconds < LIMITS.wall_seconds + MARGIN
+    assert_nothing_left(sandbox)
+
+
+def test_wall_clock_timeout_kills_the_call_and_its_children(sandbox: PythonSandbox) -> None:
+    code = (
+        "import subprocess, time\n"
+        "subprocess.Popen(['sleep', '1000.25'])\n"
+        "print('waiting', flush=True)\n"
+        "time.sleep(100)\n"
+    )
+    run, seconds = run_timed(sandbox, code)
+    assert run.status == "timeout" and run.error == "tool_error"  # the code's doing, so the model's fault
+    assert run.output == "waiting\n"
+    assert "Timed out after 3 s wall clock" in run.observation()
+    assert LIMITS.wall_seconds <= seconds < LIMITS.wall_seconds + MARGIN
+    assert_nothing_left(sandbox, marker="1000.25")
+
+
+def test_a_process_that_leaves_the_session_is_killed_too(sandbox: PythonSandbox) -> None:
+    require(sandbox, "processes")  # without a PID namespace it would escape, as documented
+    code = (
+        "import os\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"  # leaves the call's session and process group
+        "    os.execvp('sleep', ['sleep', '1000.75'])\n"
+        "print('parent done')\n"
+    )
+    run = sandbox.run(code)
+    assert (run.status, run.output) == ("ok", "parent done\n")
+    assert_nothing_left(sandbox, marker="1000.75")
+
+
+def test_fork_bomb_is_contained(sandbox: PythonSandbox) -> None:
+    if not sandbox.isolation.user:
+        pytest.skip("without a uid of its own a call has no process limit; a fork bomb would exhaust the host user's")
+    before = nobody_processes()
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    run, seconds = run_timed(sandbox, code)
+    assert run.status in ("timeout", "cpu") and not run.to_tool_result().ok
+    assert seconds < LIMITS.wall_seconds + MARGIN
+    assert subprocess.run(["true"]).returncode == 0  # the host can still fork
+    if sandbox.isolation.method == "root":
+        assert nobody_processes() <= before
+    assert_nothing_left(sandbox)
+    assert sandbox.run("print('after')").output == "after\n"
+
+
+def test_process_limit_stops_forking(sandbox: PythonSandbox) -> None:
+    require(sandbox, "user")
+    code = (
+        "import os, time\n"
+        "for n in range(1000):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "    except OSError as error:\n"
+        "        print('refused after', n, error)\n"
+        "        break\n"
+    )
+    run = sandbox.run(code)
+    assert run.status == "ok" and "Resource temporarily unavailable" in run.output
+    assert int(run.output.split()[2]) < LIMITS.max_processes
+    assert_nothing_left(sandbox)
+
+
+def test_memory_bomb_raises_memory_error_and_the_worker_survives(sandbox: PythonSandbox) -> None:
+    workers = sandbox.worker_pids()
+    for code in ("x = bytearray(1 << 30)", "chunks = []\nwhile True:\n    chunks.append(bytearray(10**6))"):
+        run = sandbox.run(code)
+        assert run.status == "memory" and run.error == "tool_error"
+        assert "MemoryError" in run.output
+        assert run.observation().endswith("Memory limit of 128 MB exceeded (MemoryError).")
+    assert sandbox.worker_pids() == workers
+    assert sandbox.run("print(len(bytearray(10**6)))").output == "1000000\n"
+
+
+def test_file_size_limit(sandbox: PythonSandbox) -> None:
+    run = sandbox.run("open('big', 'wb').write(b'x' * (2 << 20))")
+    assert run.status == "file_size"
+    assert run.observation().endswith("File size limit of 1 MB exceeded.")
+    assert sandbox.run("print(open('small', 'wb').write(b'x' * 1000))").output == "1000\n"
+
+
+def test_writing_outside_the_working_folder_fails(sandbox: PythonSandbox, tmp_path: Path) -> None:
+    require(sandbox, "filesystem")
+    name = f"toolpolicy-sandbox-probe-{os.getpid()}"
+    targets = {
+        f"/etc/{name}": Path("/etc") / name,
+        f"{Path(__file__).parent}/{name}": Path(__file__).parent / name,  # the repository
+        f"/var/tmp/{name}": Path("/var/tmp") / name,  # world-writable on the host
+        f"/dev/shm/{name}": Path("/dev/shm") / name,  # world-writable on the host
+        f"../../{name}": Path("/") / name,  # from the working folder /tmp
+        f"{tmp_path}/{name}": tmp_path / name,  # the host's /tmp, hidden by the call's own
+    }
+    code = (
+        "import os\n"
+        f"for path in {list(targets)!r}:\n"
+        "    try:\n"
+        "        with open(path, 'w') as handle:\n"
+        "            handle.write('escaped')\n"
+        "        print('WROTE', path)\n"
+        "    except OSError as error:\n"
+        "        print('refused', path, error.errno)\n"
+        "open('inside.txt', 'w').write('fine')\n"
+        "print('inside', os.getcwd(), open('inside.txt').read())\n"
+    )
+    run = sandbox.run(code)
+    assert run.status == "ok", run.observation()
+    assert "WROTE" not in run.output
+    refused = [line for line in run.output.splitlines() if line.startswith("refused")]
+    assert len(refused) == len(targets)
+    assert all(int(line.split()[-1]) in (errno.EROFS, errno.EACCES, errno.ENOENT) for line in refused)
+    assert "inside /tmp fine" in run.output
+    for host_path in targets.values():
+        assert not host_path.exists(), host_path
+    uncaught = sandbox.run(f"open('/etc/{name}', 'w')")
+    assert "Read-only file system" in uncaught.output
+    assert uncaught.observation().endswith("Only the working folder (/tmp) is writable; the rest of the file system is read-only.")
+
+
+def test_network_is_unreachable(sandbox: PythonSandbox) -> None:
+    require(sandbox, "network")
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    code = (
+        "import socket\n"
+        f"for host, port in [('127.0.0.1', {port}), ('1.1.1.1', 53), ('example.com', 80)]:\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), timeout=1).close()\n"
+        "        print('CONNECTED', host)\n"
+        "    except OSError as error:\n"
+        "        print('refused', host, type(error).__name__, error.errno)\n"
+    )
+    try:
+        run = sandbox.run(code)
+        assert run.status == "ok" and "CONNECTED" not in run.output
+        assert f"refused 127.0.0.1 OSError {errno.ENETUNREACH}" in run.output
+        assert f"refused 1.1.1.1 OSError {errno.ENETUNREACH}" in run.output
+        assert "refused example.com gaierror" in run.output  # no DNS either
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing reached the host's listener
+    finally:
+        server.close()
+    uncaught = sandbox.run("import socket\nsocket.create_connection(('1.1.1.1', 443), timeout=1)")
+    assert uncaught.observation().endswith("OSError: [Errno 101] Network is unreachable\nThe sandbox has no network access.")
+
+
+def test_environment_secrets_are_not_visible(sandbox: PythonSandbox) -> None:
+    assert os.environ[SECRET_NAME] == SECRET  # the host has it (set after it started: not in /proc/<pid>/environ)
+    environment = {**os.environ, "TOOLPOLICY_TEST_SECRET_AT_START": SECRET}
+    helper = subprocess.Popen(["sleep", "30"], env=environment)  # a host process with the secret from its start
+    code = (
+        "import os\n"
+        "print('keys', sorted(os.environ))\n"
+        f"paths = ['/proc/self/environ', f'/proc/{{os.getppid()}}/environ', '/proc/1/environ',\n"
+        f"         '/proc/{os.getpid()}/environ', '/proc/{helper.pid}/environ']\n"
+        "paths += [f'/proc/{pid}/environ' for pid in os.listdir('/proc') if pid.isdigit()]\n"
+        "leaks, unreadable = [], 0\n"
+        "for path in paths:\n"
+        "    try:\n"
+        f"        if b'{SECRET_NAME}' in open(path, 'rb').read():\n"
+        "            leaks.append(path)\n"
+        "    except OSError:\n"
+        "        unreadable += 1\n"
+        "print('leaks', leaks)\n"
+        f"print('helper', os.path.exists('/proc/{helper.pid}'))\n"
+    )
+    try:
+        run = sandbox.run(code)
+    finally:
+        helper.kill()
+        helper.wait()
+    assert run.status == "ok" and run.omitted == 0, run.observation()
+    keys, leaks, helper_seen = run.output.splitlines()
+    assert set(json.loads(keys.removeprefix("keys ").replace("'", '"'))) <= {"PATH", "LANG", "HOME", "TMPDIR", "PWD", "LC_CTYPE"}
+    assert SECRET not in run.output
+    if sandbox.isolation.processes:  # the host's processes are not even visible
+        assert helper_seen == "helper False"
+    if not (sandbox.isolation.processes or sandbox.isolation.user):
+        pytest.skip("without a PID namespace or a uid of its own, a call can read its uid's other processes")
+    assert leaks == "leaks []"
+
+
+def test_code_runs_without_privileges(sandbox: PythonSandbox) -> None:
+    require(sandbox, "user")
+    code = (
+        "import os\n"
+        "status = dict(line.split(':\\t') for line in open('/proc/self/status').read().splitlines() if ':\\t' in line)\n"
+        "print(os.getuid(), status['CapEff'], status['CapBnd'], status['NoNewPrivs'])\n"
+        "try:\n    os.setuid(0 if os.getuid() else 1)\n    print('CHANGED UID')\nexcept OSError as error:\n    print('refused', error.errno)\n"
+    )
+    run = sandbox.run(code)
+    uid = NOBODY if sandbox.isolation.method != "user-namespace" else 0
+    identity, refusal = run.output.splitlines()
+    assert identity == f"{uid} 0000000000000000 0000000000000000 1"  # no capabilities, none to regain
+    assert refusal in (f"refused {errno.EPERM}", f"refused {errno.EINVAL}")  # EINVAL: uid 1 is not mapped
+
+
+# ---------------------------------------------------------------- warm workers
+
+
+def test_calls_share_no_state(solo: PythonSandbox) -> None:
+    first = solo.run(
+        "import os, math, random\n"
+        "open('note.txt', 'w').write('left behind')\n"
+        "math.pi = 3\n"
+        "os.environ['LEFT'] = '1'\n"
+        "counter = 1\n"
+        "print(random.random())"
+    )
+    second = solo.run(
+        "import os, math, random\n"
+        "print(os.listdir('.'), math.pi, 'LEFT' in os.environ, 'counter' in globals())\n"
+        "print(random.random())"
+    )
+    assert first.status == second.status == "ok"
+    listing, number = second.output.splitlines()
+    assert listing == "[] 3.141592653589793 False False"
+    assert number != first.output.strip()  # the random module is reseeded in every call
+
+
+def test_parallel_calls_from_threads(sandbox: PythonSandbox) -> None:
+    code = "import time\ntime.sleep(0.05)\nprint({n} * {n})"
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        runs = list(pool.map(lambda n: sandbox.run(code.format(n=n)), range(12)))
+    assert [run.output for run in runs] == [f"{n * n}\n" for n in range(12)]
+
+
+def test_killed_worker_is_replaced(solo: PythonSandbox) -> None:
+    (pid,) = solo.worker_pids()
+    os.kill(pid, signal.SIGKILL)
+    wait_until_dead(pid)
+    run = solo.run("print('still here')")
+    assert run.output == "still here\n"
+    assert solo.worker_pids() != [pid]
+
+
+def test_worker_killed_during_a_call_is_an_infra_error(solo: PythonSandbox) -> None:
+    (pid,) = solo.worker_pids()
+    # The child process is only started where the worker's death is known to take it along.
+    child = "subprocess.Popen(['sleep', '1000.5'])\n" if solo.isolation.processes else ""
+    code = f"import subprocess, time\n{child}print('started', flush=True)\ntime.sleep(2.5)"
+    killer = threading.Timer(0.5, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    run = solo.run(code)
+    killer.join()
+    assert run.status == "infra" and run.error == "infra"
+    assert "this is not the program's fault" in run.observation()
+    assert solo.run("print('replaced')").output == "replaced\n"
+    if solo.isolation.processes:  # the namespace died with its worker
+        time.sleep(0.2)
+        assert_nothing_left(solo, marker="1000.5")
+
+
+def test_tool_runs_through_a_toolset(sandbox: PythonSandbox) -> None:
+    tools = ToolSet([sandbox.tool])
+    assert sandbox.tool.name == "python"
+    assert ("There is no network." in sandbox.tool.spec.description) == sandbox.isolation.network
+    ok = tools.call(ToolCall("python", {"code": "print(2 + 3)"}))
+    assert (ok.content, ok.error) == ("5", None)
+    assert tools.call(ToolCall("python", {"code": 5})).error == "invalid_arguments"
+    timeout = tools.call(ToolCall("python", {"code": "import time; time.sleep(60)"}))
+    assert timeout.error == "tool_error" and "Timed out" in timeout.content
+
+
+def test_closed_sandbox_answers_with_an_infra_error() -> None:
+    box = PythonSandbox(SandboxLimits(workers=1))
+    box.close()
+    run = box.run("print(1)")
+    assert run.status == "infra"
+    assert box.worker_pids() == []
+
+
+def test_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="memory_mb"):
+        SandboxLimits(memory_mb=0)
+
+
+def test_classify_tells_a_hard_cpu_kill_from_a_crash() -> None:
+    plain = {"timed_out": False, "signal": 9, "exit_code": None, "exception": None, "omitted": 0}
+    isolation = Isolation("root", True, True, True, True)
+    assert classify({**plain, "cpu_seconds": 2.0}, SandboxLimits(cpu_seconds=2), isolation)[0] == "cpu"
+    assert classify({**plain, "cpu_seconds": 0.1}, SandboxLimits(cpu_seconds=2), isolation) == (
+        "killed",
+        "The process was killed by signal SIGKILL.",
+    )
+
+
+# ---------------------------------------------------------------- platforms
+
+
+def namespaces_allowed() -> bool:
+    """Whether this kernel lets this user create the namespaces the sandbox uses (util-linux unshare)."""
+    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+        return False
+    flags = ["--mount", "--net", "--pid", "--fork"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    return subprocess.run(["unshare", *flags, "true"], capture_output=True).returncode == 0
+
+
+def test_isolation_is_complete_where_the_kernel_allows_it(sandbox: PythonSandbox) -> None:
+    if not namespaces_allowed():
+        pytest.skip("this kernel or container refuses the mount, network and PID namespaces")
+    isolation = sandbox.isolation
+    assert isolation.method == ("root" if os.geteuid() == 0 else "user-namespace")
+    assert (isolation.network, isolation.filesystem, isolation.processes, isolation.user) == (True, True, True, True)
+
+
+def test_without_namespaces_limits_and_a_clean_environment_remain() -> None:
+    os.environ[SECRET_NAME] = SECRET
+    try:
+        box = PythonSandbox(SandboxLimits(cpu_seconds=1, wall_seconds=2.0, memory_mb=128, workers=1), isolate=False)
+    finally:
+        os.environ.pop(SECRET_NAME, None)
+    with box:
+        assert box.isolation == Isolation("none", False, False, False, os.geteuid() == 0)
+        environment = box.run("import os; print(sorted(os.environ), os.getcwd())")
+        assert SECRET_NAME not in environment.output and "/toolpolicy-sandbox-" in environment.output
+        folder = environment.output.split()[-1]
+        assert box.run("import os; print(os.listdir('.'))").output == "[]\n"
+        assert not Path(folder).exists()  # removed once its call was answered
+        assert box.run("x = bytearray(1 << 30)").status == "memory"
+        run, seconds = run_timed(box, "import time; time.sleep(60)")
+        assert run.status == "timeout" and seconds < 2.0 + MARGIN
+        assert "its process group was killed" in run.observation()
+        assert_nothing_left(box)
+
+
+UNPRIVILEGED_SCRIPT = """
+import json
+from toolpolicy.tools.sandbox import PythonSandbox, SandboxLimits
+with PythonSandbox(SandboxLimits(workers=1, cpu_seconds=1, wall_seconds=3.0, max_processes=8)) as box:
+    code = (
+        "import os, socket\\n"
+        "try:\\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\\n    print('CONNECTED')\\n"
+        "except OSError as error:\\n    print('refused', error.errno)\\n"
+        "try:\\n    open('/var/tmp/toolpolicy-unprivileged-probe', 'w')\\n    print('WROTE')\\n"
+        "except OSError as error:\\n    print('refused', error.errno)\\n"
+        "print(os.getuid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\\n"
+    )
+    run = box.run(code)
+    bomb = box.run("import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass\\n")
+    print(json.dumps({"isolation": box.isolation.__dict__, "output": run.output, "bomb": bomb.status}))
+"""
+
+
+def python_for_nobody() -> str | None:
+    """An interpreter of this Python version that uid 65534 can run (this one may live under /root)."""
+    for candidate in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
+        check = "import subprocess, sys; subprocess.run([sys.executable, '-I', '-c', 'import socket'], check=True)"
+        probe = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", candidate, "-c", check]
+        if Path(candidate).exists() and subprocess.run(probe, capture_output=True, cwd="/").returncode == 0:
+            return candidate
+    return None
+
+
+def test_unprivileged_user_gets_a_user_namespace_and_no_network() -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a sandbox as an unprivileged user")
+    python = python_for_nobody()
+    if python is None:
+        pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} that uid {NOBODY} can run")
+    source = str(Path(__file__).parents[1] / "src")
+    site = next(path for path in sys.path if path.endswith("site-packages"))
+    command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", UNPRIVILEGED_SCRIPT]
+    environment = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{source}:{site}", "LANG": "C.UTF-8"}
+    done = subprocess.run(command, capture_output=True, text=True, cwd="/", env=environment, timeout=60)
+    if done.returncode != 0 and "unshare" in done.stderr:
+        pytest.skip(f"user namespaces are refused to unprivileged users here: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    if report["isolation"]["method"] != "user-namespace":
+        pytest.skip(f"unprivileged user namespaces are not available: {report['isolation']['note']}")
+    assert report["isolation"] == {"method": "user-namespace", "network": True, "filesystem": True,
+                                   "processes": True, "user": True, "note": ""}  # fmt: skip
+    assert report["output"].splitlines() == [f"refused {errno.ENETUNREACH}", f"refused {errno.EROFS}", "0 [1, 2]"]
+    assert report["bomb"] in ("timeout", "cpu")
+    assert not Path("/var/tmp/toolpolicy-unprivileged-probe").exists()
