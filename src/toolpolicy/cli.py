@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--bfcl", metavar="FILE", help="score single-turn function calls on a BFCL-shaped JSONL file instead")
     evaluate.add_argument("--answers", metavar="FILE", help="with --bfcl: ground truth in a separate file (lines of id, ground_truth)")
 
+    ablate = commands.add_parser("ablate", help="compare algorithm presets on one environment with the same seeds and budget")
+    _with_config(ablate, required=True)
+    ablate.add_argument("--presets", default="grpo,dr_grpo,dapo,gspo,rloo,reinforce_pp,gdpo,gtpo,otc", help="comma-separated preset names")
+    ablate.add_argument("--seeds", default="0,1", help="comma-separated seeds; every preset runs with each")
+    ablate.add_argument("--jobs", type=int, default=2, help="runs in parallel (each gets cores / jobs threads)")
+
     report = commands.add_parser("report", help="write RUN_DIR/report.html from a run folder's files")
     report.add_argument("run_dir")
     report.add_argument("--before", default="sft")
@@ -239,7 +245,7 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("demo", "sft", "train", "eval"):
+    if args.command in ("demo", "sft", "train", "eval", "ablate"):
         _quiet_libraries()
     try:
         if args.command == "config":
@@ -274,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
             print(train_rl(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
         elif args.command == "eval":
             return _evaluate(args)
+        elif args.command == "ablate":
+            from toolpolicy.ablation import run_ablation
+
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+            presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+            table = run_ablation(args.config, args.overrides, presets, seeds, max(1, args.jobs))
+            print(table.read_text())
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"toolpolicy {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -107,20 +107,51 @@ class Config(BaseModel):
     """RL learning rate (constant after warm-up)."""
     rl_warmup_steps: int = Field(0, ge=0)
     """RL warm-up steps."""
+    algorithm: str = ""
+    """A preset from the literature (grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, gdpo, gtpo,
+    otc; see toolpolicy.algorithms.presets): it sets the knobs below that the config does
+    not set itself. Empty: the knobs' own defaults (GRPO advantages with DAPO's clip-higher,
+    token-mean and dynamic sampling)."""
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gdpo"] = "grpo"
+    """Advantage estimator: group mean/std (grpo), no std (dr_grpo), leave-one-out (rloo),
+    batch-normalised (reinforce_pp, reinforce_pp_baseline), per-reward-component (gdpo)."""
+    credit: Literal["outcome", "turn"] = "outcome"
+    """One advantage per episode (outcome), or GTPO turn-level credit: per-turn rewards,
+    discounted returns normalised within the group, each on its own turn's tokens."""
+    turn_gamma: float = Field(1.0, ge=0, le=1)
+    """credit=turn: discount of later turns' rewards."""
+    turn_rewards: dict[str, float] = Field(default_factory=lambda: {"tool_call": 0.1, "invalid_call": -0.1})
+    """credit=turn: reward per event kind in a turn (the outcome goes to the last turn)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (PPO-clip) or per sequence, length-normalised (GSPO)."""
     clip_low: float = Field(0.2, ge=0)
     """PPO clip below 1 (ratio >= 1 - clip_low)."""
     clip_high: float = Field(0.28, ge=0)
     """PPO clip above 1 (ratio <= 1 + clip_high); above clip_low is DAPO's clip-higher."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip constant c > 1: for negative advantages the loss is capped at -c * A; None is off."""
     beta: float = Field(0.0, ge=0)
-    """Weight of the k3 KL penalty to the initial policy; 0 turns the penalty off."""
+    """Weight of the KL penalty to the initial policy; 0 turns the penalty off."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator of the penalty (Schulman's k1, k2, k3)."""
     log_kl: bool = True
     """Compute KL to the initial policy as a metric even when beta is 0 (one extra forward pass)."""
-    scale_std: bool = True
-    """Divide group advantages by the group std (GRPO); false is Dr.GRPO."""
-    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
-    """How per-token losses become one number (DAPO token-mean or GRPO sequence-mean)."""
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    """How per-token losses become one number: DAPO token-mean, GRPO sequence-mean, or
+    Dr.GRPO's per-sequence sum over a constant length (max_tokens)."""
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (they carry no gradient), as DAPO."""
+    max_refill_rounds: int = Field(0, ge=0)
+    """Dynamic sampling: extra rounds of prompts sampled while fewer than prompts_per_step
+    groups carry signal (DAPO's refill); the rounds used are logged as `refill_rounds`."""
+    overlong_buffer: float = Field(0.0, ge=0, le=1)
+    """DAPO soft overlong penalty: the last fraction of max_tokens over which it ramps to -1."""
+    overlong_penalty: float = Field(0.0, ge=0)
+    """Weight of the soft overlong penalty added to the reward; 0 is off."""
+    mask_truncated: bool = False
+    """Leave episodes cut by max turns or max tokens out of the update (overlong filtering)."""
+    void_turn_filter: bool = False
+    """Leave out episodes with a turn that made neither a tool call nor a final answer (SimpleTIR)."""
     rewards: dict[str, float] = Field(default_factory=dict)
     """Reward function name -> weight; empty uses the environment's defaults. Weight 0 = metric only."""
 
@@ -207,6 +238,13 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     data.update(parse_overrides(list(overrides)))
     if overrides:
         source += " with --set " + " ".join(overrides)
+    if data.get("algorithm"):
+        from toolpolicy.algorithms.presets import apply_preset  # here: importing algorithms loads torch
+
+        try:
+            data = apply_preset(str(data["algorithm"]), data)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: field 'algorithm': {exc}") from None
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

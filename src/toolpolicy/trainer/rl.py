@@ -2,17 +2,17 @@
 
 Each step: sample `prompts_per_step` tasks (a pure function of the step: the data
 cursor), roll out `group_size` episodes per task with the multi-turn engine,
-score them with the environment's Rubric, turn rewards into group advantages,
-drop groups with no signal (DAPO dynamic sampling), and take one PPO-clip
-optimizer step on the sampled tokens only.
+score them with the environment's Rubric, turn rewards into advantages, drop
+groups with no signal (DAPO dynamic sampling, refilled up to max_refill_rounds)
+and filtered episodes, and take one policy-gradient step on the sampled tokens.
 
-Relative to the papers this simplifies: one optimizer step per rollout batch
-(so the old policy is the rollout policy and its log-probabilities are the
-rollout's own, recorded at sampling time); no refill of filtered groups (a
-step may train on fewer groups; `kept_groups` is logged); no value model.
-What is kept: token ids exactly as sampled, tool output masked out of the
-loss, GRPO or Dr.GRPO advantages, DAPO clip-higher and token-mean, optional
-k3 KL to the initial policy.
+Which estimator, ratio level, aggregation, KL estimator and filters run is the
+config's (`algorithm:` presets, or each knob; see toolpolicy.algorithms); the
+choice is made once, outside the loop (trainer/credit.py, POLICY_LOSSES,
+KL_ESTIMATORS). Relative to the papers this simplifies: one optimizer step per
+rollout batch (so the old policy is the rollout policy and its log-probabilities
+are the rollout's own, recorded at sampling time); no value model. Token ids stay
+exactly as sampled and tool output is masked out of the loss.
 
     toolpolicy train CONFIG [--set key=value ...] [--resume RUN_DIR]
 """
@@ -26,28 +26,45 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from toolpolicy.algorithms import aggregate_loss, expand_group_mask, group_advantages, kl_k3, ppo_clip_loss, varied_groups
+from toolpolicy.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss, first_groups, varied_groups
 from toolpolicy.model import load_policy
 from toolpolicy.rewards import Rubric, Score
-from toolpolicy.rollout import Trajectory
+from toolpolicy.rollout import RolloutEngine, Trajectory
 from toolpolicy.trainer.batch import TokenBatch, collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
 from toolpolicy.trainer.config import Config, ConfigError
+from toolpolicy.trainer.credit import Credit, step_rewards, update_mask
 from toolpolicy.trainer.setup import make_engine, wrap_policy
 
-
-def train_seed(seed: int, step: int) -> int:
-    """Seed of the training tasks of `step`; evaluation uses its own split and seed."""
-    return seed * 1_000_003 + step
+REFILL_SEED_STRIDE = 100_000_007  # refill rounds draw tasks far from every step's own seed
 
 
-def usable_rewards(rewards: torch.Tensor, usable: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Replace rewards of infra-failed episodes by their group's mean over usable ones,
-    so a machine failure neither scores 0 nor moves the baseline (DESIGN contract 4)."""
-    grouped = rewards.view(-1, group_size)  # [G, n]
-    ok = usable.view(-1, group_size).float()  # [G, n]
-    mean = (grouped * ok).sum(-1, keepdim=True) / ok.sum(-1, keepdim=True).clamp(min=1)  # [G, 1]
-    return torch.where(ok.bool(), grouped, mean).view(-1)  # [B]
+def train_seed(seed: int, step: int, refill: int = 0) -> int:
+    """Seed of the training tasks of `step` (and of its refill round); evaluation uses its own split and seed."""
+    return seed * 1_000_003 + step + refill * REFILL_SEED_STRIDE
+
+
+def sample_groups(
+    engine: RolloutEngine, rubric: Rubric, cfg: Config, step: int
+) -> tuple[list[Trajectory], list[Score], torch.Tensor, int]:
+    """Roll out group_size episodes per task and score them. With dynamic sampling, draw
+    more tasks while fewer than prompts_per_step groups have varied rewards (DAPO's refill,
+    at most max_refill_rounds rounds), then keep the first prompts_per_step of those.
+    Returns trajectories, scores, the kept-group mask [G] and the refill rounds used."""
+    size = cfg.group_size
+    trajectories: list[Trajectory] = []
+    scores: list[Score] = []
+    for refill in range(cfg.max_refill_rounds + 1):
+        tasks = engine.env.tasks("train", cfg.prompts_per_step, seed=train_seed(cfg.seed, step, refill))
+        batch = engine.run([task for task in tasks for _ in range(size)])
+        trajectories += batch
+        scores += [rubric.score(t.episode) for t in batch]
+        usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
+        rewards = step_rewards(trajectories, scores, usable, cfg)  # [B]
+        groups = varied_groups(rewards, size) if cfg.dynamic_sampling else torch.ones(len(trajectories) // size, dtype=torch.bool)
+        if not cfg.dynamic_sampling or int(groups.sum()) >= cfg.prompts_per_step:
+            break
+    return trajectories, scores, first_groups(groups, cfg.prompts_per_step), refill
 
 
 def policy_update(
@@ -57,23 +74,32 @@ def policy_update(
     advantages: torch.Tensor,
     cfg: Config,
 ) -> dict[str, float]:
-    """Accumulate the PPO-clip (+ beta * k3) gradient over micro-batches. Returns detached stats."""
+    """Accumulate the policy-loss (+ beta * KL) gradient over micro-batches. Returns detached stats.
+
+    advantages: [B] per episode, or [B, L-1] per token (turn credit), cut to each piece's width.
+    The ratio level, KL estimator and aggregation are the config's (see toolpolicy.algorithms)."""
+    policy_loss = POLICY_LOSSES[cfg.ratio_level]
+    kl_estimator = KL_ESTIMATORS[cfg.kl_estimator]
     total_tokens = float(batch.loss_mask.sum())
     total_sequences = float(batch.input_ids.shape[0])
     sums: dict[str, float] = defaultdict(float)
     for rows, piece in micro_batches(batch, cfg.micro_batch_size):
         logprobs, entropy = forward_logprobs(model, piece, cfg.temperature, with_entropy=True)  # [b, l]
-        per_token, stats = ppo_clip_loss(
-            logprobs, piece.old_logprobs, advantages[rows], cfg.clip_low, cfg.clip_high, loss_mask=piece.loss_mask
+        piece_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, : logprobs.shape[1]]
+        per_token, stats = policy_loss(
+            logprobs, piece.old_logprobs, piece_advantages, cfg.clip_low, cfg.clip_high,
+            loss_mask=piece.loss_mask, dual_clip=cfg.dual_clip,
         )
         if reference is not None:
             with torch.no_grad():
                 ref_logprobs, _ = forward_logprobs(reference, piece, cfg.temperature)  # [b, l]
-            kl = kl_k3(logprobs, ref_logprobs)  # [b, l]
+            kl = kl_estimator(logprobs, ref_logprobs)  # [b, l]
             if cfg.beta > 0:
                 per_token = per_token + cfg.beta * kl
             sums["kl"] += float((kl.detach() * piece.loss_mask).sum())
-        loss = aggregate_loss(per_token, piece.loss_mask, cfg.aggregation, total_tokens, total_sequences)
+        loss = aggregate_loss(
+            per_token, piece.loss_mask, cfg.aggregation, total_tokens, total_sequences, norm_length=cfg.max_tokens
+        )
         loss.backward()
         weight = float(piece.loss_mask.sum())
         sums["loss"] += float(loss.detach())
@@ -129,29 +155,24 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     sampler = torch.Generator().manual_seed(cfg.seed)
     start = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else 0
     engine = make_engine(cfg, policy, sampler)
-    env = engine.env
-    rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
+    rubric = Rubric.from_weights(cfg.rewards or engine.env.default_rewards)
+    credit = Credit(cfg, rubric)
     log = MetricsLog(run_dir / "metrics.jsonl")
     log.rewind("rl", start)
-    size = cfg.group_size
 
     with engine:  # closes the gate's audit log, if any, when RL ends
         for step in tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps):
             began = time.perf_counter()
-            # 1. Rollout: group_size episodes per task, contiguous.
-            tasks = env.tasks("train", cfg.prompts_per_step, seed=train_seed(cfg.seed, step))
-            trajectories = engine.run([task for task in tasks for _ in range(size)])
+            # 1. Rollout: group_size episodes per task, contiguous; refilled if too few groups vary.
+            trajectories, scores, groups, refills = sample_groups(engine, rubric, cfg, step)
             rollout_time = time.perf_counter() - began
 
-            # 2. Rewards -> group advantages; keep groups that carry signal.
-            scores = [rubric.score(t.episode) for t in trajectories]
+            # 2. Rewards -> advantages (per episode, or per token with turn credit); the filters.
             usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
-            rewards = usable_rewards(torch.tensor([s.total for s in scores]), usable, size)  # [B]
-            advantages = group_advantages(rewards, size, scale_std=cfg.scale_std)  # [B]
-            groups = varied_groups(rewards, size) if cfg.dynamic_sampling else torch.ones(len(tasks), dtype=torch.bool)
-            keep = expand_group_mask(groups, size) & usable  # [B]
+            advantages = credit(trajectories, scores, usable)  # [B], or [B, L-1] with turn credit
+            keep = update_mask(trajectories, groups, usable, cfg)  # [B]
 
-            # 3. One PPO-clip step on the kept episodes' sampled tokens.
+            # 3. One policy-gradient step on the kept episodes' sampled tokens.
             model.train()
             optimizer.zero_grad(set_to_none=True)
             # Kept episodes sorted by length, so micro-batches carry little padding.
@@ -168,7 +189,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
 
             # 4. Log and checkpoint.
             record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, scores), **update}
-            record.update({"kept_groups": int(groups.sum()), "grad_norm": grad_norm, "lr": lr})
+            record.update({"kept_groups": int(groups.sum()), "refill_rounds": refills, "grad_norm": grad_norm, "lr": lr})
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
             log.write(record)
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:
