@@ -78,3 +78,9 @@ def test_ablate_runs_presets_and_seeds_and_writes_the_table(smoke_run: Path, tmp
     assert (tmp_path / "ablation.png").stat().st_size > 10_000
     assert "| grpo |" in capsys.readouterr().out
     assert main(["ablate", str(SMOKE), "--set", f"run_dir={tmp_path}", "--presets", "grpo"]) == 2  # no init_from
+
+
+@pytest.mark.parametrize("path", sorted(SMOKE.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    cfg = load_config(path)
+    assert cfg.env in ("calc", "hotel")
