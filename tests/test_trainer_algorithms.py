@@ -13,7 +13,7 @@ from toolpolicy.cli import main
 from toolpolicy.rewards import Rubric
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.config import ConfigError, load_config
-from toolpolicy.trainer.credit import Credit, productive_turns, update_mask
+from toolpolicy.trainer.credit import Credit, productive_turns, step_rewards, update_mask
 from toolpolicy.types import Episode, Event, Task
 
 SMOKE = Path(__file__).parent.parent / "src" / "toolpolicy" / "configs" / "smoke.yaml"
@@ -57,7 +57,9 @@ def test_turn_credit_lands_on_each_turns_tokens_and_filters_apply() -> None:
     from toolpolicy.rewards import Score
 
     scores = [Score(1.0, {"correct_answer": 1.0}), Score(0.0, {"correct_answer": 0.0})]
-    advantages = Credit(cfg, Rubric.from_weights({"correct_answer": 1.0}))([good, void], scores, torch.tensor([True, True]))
+    usable = torch.tensor([True, True])
+    rewards = step_rewards([good, void], scores, usable, cfg)
+    advantages = Credit(cfg, Rubric.from_weights({"correct_answer": 1.0}))([good, void], scores, rewards, usable)
     assert advantages.shape == (2, 9)
     # returns: good (0.1 + 1, 1), void (0, 0): pooled mean 0.525 -> good's turns positive, void's negative
     assert (advantages[0, 2:4] > 0).all() and (advantages[0, 6:8] > 0).all() and (advantages[1, 2:4] < 0).all()

@@ -23,7 +23,7 @@ from toolpolicy.model import load_policy
 from toolpolicy.rewards import REWARD_FUNCTIONS, Rubric
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
 from toolpolicy.trainer.config import Config, save_config
-from toolpolicy.trainer.setup import build_env, limits, make_engine, make_gate, wrap_policy
+from toolpolicy.trainer.setup import build_env, limits, make_engine, make_gate, policy_path, wrap_policy
 from toolpolicy.types import Episode, Task
 
 
@@ -52,10 +52,9 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
     deny is counted as a violation.
     """
     if cfg.endpoint_url:
-        episodes = _run_endpoint(cfg, name, gate)
+        env, episodes = _run_endpoint(cfg, name, gate)
     else:
-        episodes = _run_checkpoint(cfg, checkpoint, name, gate)
-    env = build_env(cfg)
+        env, episodes = _run_checkpoint(cfg, checkpoint, name, gate)
     rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
     success = REWARD_FUNCTIONS[env.success_reward]
 
@@ -65,8 +64,7 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
         records.append(EpisodeRecord.from_episode(episode, correct, tokens))
         rows.append({**episode.to_dict(), "reward": rubric.score(episode).total, "correct": correct})
     scored = cfg.endpoint_model if cfg.endpoint_url else str(checkpoint)
-    policy = cfg.policy or str(getattr(env, "policy_file", ""))
-    summary = {"name": name, "checkpoint": scored, "gate": gate, "policy": policy, **summarize(records)}
+    summary = {"name": name, "checkpoint": scored, "gate": gate, "policy": policy_path(cfg, env), **summarize(records)}
 
     folder = out_dir / "eval"
     folder.mkdir(parents=True, exist_ok=True)
@@ -82,19 +80,19 @@ def _trials(cfg: Config, env: Env) -> list[Task]:
     return [task for task in tasks for _ in range(cfg.eval_samples)]
 
 
-def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool) -> list[tuple[Episode, int]]:
-    """Episodes of a local model, with the tokens each generated after its prompt."""
+def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool) -> tuple[Env, list[tuple[Episode, int]]]:
+    """The environment, and the episodes of a local model with the tokens each generated after its prompt."""
     if checkpoint is None:
         raise ValueError("no checkpoint to evaluate: set eval_checkpoint or endpoint_url")
     policy = wrap_policy(*load_policy(checkpoint))
     generator = torch.Generator().manual_seed(cfg.eval_seed)
     with make_engine(cfg, policy, generator, enforce=gate) as engine:
         trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}")
-    return [(t.episode, t.response_len) for t in trajectories]
+    return engine.env, [(t.episode, t.response_len) for t in trajectories]
 
 
-def _run_endpoint(cfg: Config, name: str, gate: bool) -> list[tuple[Episode, int]]:
-    """Episodes of the model served at cfg.endpoint_url, with the completion tokens it reported."""
+def _run_endpoint(cfg: Config, name: str, gate: bool) -> tuple[Env, list[tuple[Episode, int]]]:
+    """The environment, and the episodes of the model served at cfg.endpoint_url with the completion tokens it reported."""
     if not cfg.endpoint_model:
         raise ValueError("endpoint_url is set but endpoint_model is empty: name the served model")
     env = build_env(cfg)
@@ -112,4 +110,4 @@ def _run_endpoint(cfg: Config, name: str, gate: bool) -> list[tuple[Episode, int
             rollouts = engine.run(_trials(cfg, env), progress=f"eval {name}")
     finally:
         client.close()
-    return [(r.episode, r.completion_tokens) for r in rollouts]
+    return env, [(r.episode, r.completion_tokens) for r in rollouts]

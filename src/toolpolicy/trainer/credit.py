@@ -71,19 +71,22 @@ class Credit:
     def per_token(self) -> bool:
         return self.cfg.credit == "turn"
 
-    def __call__(self, trajectories: list[Trajectory], scores: list[Score], usable: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, trajectories: list[Trajectory], scores: list[Score], rewards: torch.Tensor, usable: torch.Tensor
+    ) -> torch.Tensor:
         """Per-episode advantages [B], or with turn credit per-token rows [B, L-1] (L: the
-        longest trajectory) aligned with TokenBatch.targets."""
+        longest trajectory) aligned with TokenBatch.targets. `rewards` [B] is step_rewards'."""
         if not self.per_token:
-            return self.episodes(trajectories, scores, usable)
-        rewards = step_rewards(trajectories, scores, usable, self.cfg)  # [B]
+            return self.episodes(trajectories, scores, rewards, usable)
         return self.tokens(trajectories, rewards, max(len(t.token_ids) for t in trajectories))
 
-    def episodes(self, trajectories: list[Trajectory], scores: list[Score], usable: torch.Tensor) -> torch.Tensor:
-        """One advantage per episode.   -> [B]"""
+    def episodes(
+        self, trajectories: list[Trajectory], scores: list[Score], rewards: torch.Tensor, usable: torch.Tensor
+    ) -> torch.Tensor:
+        """One advantage per episode: an estimator on the rewards, or GDPO on the components.   -> [B]"""
         size = self.cfg.group_size
         if self.cfg.advantage != "gdpo":
-            return ADVANTAGES[self.cfg.advantage](step_rewards(trajectories, scores, usable, self.cfg), size)
+            return ADVANTAGES[self.cfg.advantage](rewards, size)
         terms = [term for term in self.rubric.terms if term.weight != 0.0]
         columns = [[s.components[term.name] for term in terms] for s in scores]
         components = torch.tensor(columns, dtype=torch.float32).reshape(len(scores), len(terms))  # [B, C]

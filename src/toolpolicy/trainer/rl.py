@@ -46,11 +46,12 @@ def train_seed(seed: int, step: int, refill: int = 0) -> int:
 
 def sample_groups(
     engine: RolloutEngine, rubric: Rubric, cfg: Config, step: int
-) -> tuple[list[Trajectory], list[Score], torch.Tensor, int]:
+) -> tuple[list[Trajectory], list[Score], torch.Tensor, torch.Tensor, int]:
     """Roll out group_size episodes per task and score them. With dynamic sampling, draw
     more tasks while fewer than prompts_per_step groups have varied rewards (DAPO's refill,
     at most max_refill_rounds rounds), then keep the first prompts_per_step of those.
-    Returns trajectories, scores, the kept-group mask [G] and the refill rounds used."""
+    Returns trajectories, scores, their rewards [B] (see step_rewards), the kept-group
+    mask [G] and the refill rounds used."""
     size = cfg.group_size
     trajectories: list[Trajectory] = []
     scores: list[Score] = []
@@ -64,7 +65,7 @@ def sample_groups(
         groups = varied_groups(rewards, size) if cfg.dynamic_sampling else torch.ones(len(trajectories) // size, dtype=torch.bool)
         if not cfg.dynamic_sampling or int(groups.sum()) >= cfg.prompts_per_step:
             break
-    return trajectories, scores, first_groups(groups, cfg.prompts_per_step), refill
+    return trajectories, scores, rewards, first_groups(groups, cfg.prompts_per_step), refill
 
 
 def policy_update(
@@ -164,12 +165,12 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         for step in tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps):
             began = time.perf_counter()
             # 1. Rollout: group_size episodes per task, contiguous; refilled if too few groups vary.
-            trajectories, scores, groups, refills = sample_groups(engine, rubric, cfg, step)
+            trajectories, scores, rewards, groups, refills = sample_groups(engine, rubric, cfg, step)
             rollout_time = time.perf_counter() - began
 
             # 2. Rewards -> advantages (per episode, or per token with turn credit); the filters.
             usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
-            advantages = credit(trajectories, scores, usable)  # [B], or [B, L-1] with turn credit
+            advantages = credit(trajectories, scores, rewards, usable)  # [B], or [B, L-1] with turn credit
             keep = update_mask(trajectories, groups, usable, cfg)  # [B]
 
             # 3. One policy-gradient step on the kept episodes' sampled tokens.

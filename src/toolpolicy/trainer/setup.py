@@ -107,12 +107,17 @@ def wrap_policy(model, tokenizer) -> PolicyModel:
     return PolicyModel(model, tokenizer, encode, decode)
 
 
+def policy_path(cfg: Config, env: Env) -> str:
+    """The policy file the gate enforces: `cfg.policy`, else the environment's own, else none ("")."""
+    return cfg.policy or str(getattr(env, "policy_file", ""))
+
+
 def make_gate(cfg: Config, env: Env, enforce: bool = True) -> Gate | None:
     """The gate of `cfg.policy`, or of the environment's own policy file (`env.policy_file`,
     e.g. hotel's), or allow-all; logging to RUN_DIR/audit.jsonl if `cfg.audit`. None when
     there is neither a policy nor an audit log, for the engine's own allow-all gate.
     enforce=False is shadow mode: violations are counted, not prevented."""
-    path = cfg.policy or getattr(env, "policy_file", "")
+    path = policy_path(cfg, env)
     if not path and not cfg.audit:
         return None
     policy = Policy.load(path) if path else allow_all_policy()
