@@ -16,7 +16,7 @@ import pytest
 from toolpolicy.envs import make_env
 from toolpolicy.envs.hotel import POLICY_FILE, ExpertStyle, HotelEnv, ScriptedUser, scenario_text
 from toolpolicy.envs.hotel.database import build_database, canonical_hash, fresh_copy, seed_database
-from toolpolicy.envs.hotel.tasks import CATEGORY, plan_calls
+from toolpolicy.envs.hotel.tasks import CATEGORY, TASKS_PER_DATABASE, plan_calls
 from toolpolicy.envs.hotel.tools import booking_facts, make_tools
 from toolpolicy.gate import Gate, Ledger, Policy
 from toolpolicy.model import make_template
@@ -106,7 +106,7 @@ def test_hash_ignores_free_text_and_row_ids_but_not_amounts():
 def test_tools_record_facts_and_do_not_enforce_the_policy(train_tasks):
     task = task_of(train_tasks, "cancel_late")
     info, booking = task.info, task.info["booking"]
-    tools = make_tools(fresh_copy(0))
+    tools = make_tools(fresh_copy(info["db_seed"]))
     wrong = tools.call(ToolCall("verify", {"guest": info["guest"], "surname": "Nobody", "year": info["birth_year"]}))
     assert wrong.ok and wrong.facts == {}
     verified = tools.call(ToolCall("verify", {"guest": info["guest"], "surname": info["last_name"], "year": info["birth_year"]}))
@@ -144,7 +144,7 @@ def test_example_policy_is_the_environments_policy(env):
 def _desk(tasks: list[Task], kind: str):
     """A gate, a ledger fed by real tool results, and a `step` that decides then runs a call."""
     task = task_of(tasks, kind)
-    tools = make_tools(fresh_copy(0))
+    tools = make_tools(fresh_copy(task.info["db_seed"]))
     gate, ledger = Gate(Policy.load(POLICY_FILE), tools), Ledger()
 
     def step(name: str, **arguments) -> tuple[str, ...]:
@@ -168,7 +168,8 @@ def test_policy_rules_on_hand_written_calls(train_tasks):
     booking = task.info["booking"]
     assert step("read", booking=booking) == ("verify-first",)
     assert step("verify", **verify) == ()
-    other = next(t.info["booking"] for t in train_tasks if t.info["guest"] != task.info["guest"])
+    other, = seed_database(task.info["db_seed"]).execute(
+        "SELECT id FROM bookings WHERE guest_id != ? LIMIT 1", (task.info["guest"],)).fetchone()
     assert step("read", booking=other) == ("own-booking-only",)
     assert step("bookings", guest="G99") == ("own-guest-only",)
     assert step("refund", booking=booking, amount=10) == ("read-before-write",)
@@ -225,16 +226,18 @@ def test_scripted_user_answers_questions_and_ends_on_statements(train_tasks):
 # ---- tasks ----------------------------------------------------------------------------
 
 
-def test_tasks_are_deterministic_cover_every_category_and_splits_share_no_guest(env):
+def test_tasks_are_deterministic_cover_every_category_and_splits_share_no_database(env):
     train, again = env.tasks("train", 200, seed=1), env.tasks("train", 200, seed=1)
     assert [t.prompt for t in train] == [t.prompt for t in again] and train[0].info == again[0].info
     evaluation = env.tasks("eval", 200, seed=2)
     for split in (train, evaluation):
         assert {t.info["category"] for t in split} == set(CATEGORY.values())
         assert all(2 <= len(plan_calls(t.info["plan"])) <= 6 for t in split)
-    assert not {t.info["guest"] for t in train} & {t.info["guest"] for t in evaluation}
+    databases = [{t.info["db_seed"] for t in split} for split in (train, evaluation)]
+    assert len(databases[0]) == 200 // TASKS_PER_DATABASE and not databases[0] & databases[1]
+    assert len({(t.info["guest"], t.info["last_name"], t.info["birth_year"]) for t in train}) > 150  # guests vary
     refused = [t for t in train if t.info["category"] == "forbidden"]
-    assert all(t.info["goal_hash"] == canonical_hash(seed_database(0)) for t in refused)  # the right outcome: no write
+    assert all(t.info["goal_hash"] == canonical_hash(seed_database(t.info["db_seed"])) for t in refused)  # no write
 
 
 def test_system_prompt_stays_short(env):
@@ -254,13 +257,13 @@ def test_compliant_success_refusal_blocked_violation_and_wrong_write(env, train_
         question = next(s["say"] for s in task.info["plan"] if s.get("say", "").startswith("Which booking"))
         return question.removeprefix("Which booking: ").rstrip("?").split(" or ")
 
-    def cancellable(booking: str) -> bool:
-        facts = booking_facts(seed_database(0), booking)
+    def cancellable(task: Task, booking: str) -> bool:
+        facts = booking_facts(seed_database(task.info["db_seed"]), booking)
         return facts["hours"] > 48 or facts["insured"]
 
     ambiguous, wrong_booking = next(
         (t, b) for t in train_tasks if t.info["kind"] == "which_booking" and t.info["identity"] == "given"
-        for b in options(t) if b != t.info["booking"] and cancellable(b)
+        for b in options(t) if b != t.info["booking"] and cancellable(t, b)
     )
     scripts = [
         # a compliant success
@@ -296,6 +299,7 @@ def test_compliant_success_refusal_blocked_violation_and_wrong_write(env, train_
     assert policy_violation(ran) == 1.0 and not ran.outcome["goal_reached"] and goal_state(ran) == 0.0
     assert ran.outcome["wrong_writes"] == 0  # a violating write is counted as a violation, not twice
     assert wrong.outcome["wrong_writes"] == 1 and wrong.outcome["violations"] == 0
+    assert wrong.outcome["wrong_write_calls"] == [f"cancel(booking={wrong_booking})"]
 
 
 def test_skipping_verification_is_a_violation_with_the_gate_off_too(env, train_tasks):

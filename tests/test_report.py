@@ -163,6 +163,19 @@ def test_format_comparison_rows_and_changes():
     assert "n/a" in format_comparison(SFT_EVAL, {"name": "rl"})
 
 
+def test_policy_rows_by_category_show_where_wrong_writes_happen():
+    def summary(name: str, wrong: float) -> dict:
+        return {"name": name, "violations_per_episode": 0.5, "wrong_writes_per_episode": wrong / 2, "by_category": {
+            "ambiguous": {"accuracy": 0.25, "wrong_writes_per_episode": wrong},
+            "feasible": {"accuracy": 0.75, "wrong_writes_per_episode": 0.0}}}
+
+    table = format_comparison(summary("off", 0.5), summary("on", 0.25))
+    lines = {line.split("  ")[0].strip(): line.split() for line in table.splitlines()[2:]}
+    assert lines["success ambiguous"][-4:] == ["25.0%", "25.0%", "+0.0", "pts"]
+    assert lines["wrong-state writes/episode ambiguous"][-3:] == ["0.50", "0.25", "-0.25"]
+    assert "wrong-state writes/episode feasible" not in lines  # none in either: no row
+
+
 def test_pick_samples_mixes_difficulty_and_outcome():
     samples = [episode(f"e{i}", "easy", True) for i in range(5)] + [episode("h-wrong", "hard", False),
                                                                      episode("h-right", "hard", True)]

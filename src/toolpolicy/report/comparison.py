@@ -140,6 +140,11 @@ def policy_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> 
         values = metric(before, key), metric(after, key)
         if categories or any(v for v in values):
             rows.append(Row(label, *values, "count", -1))
+    for c in categories:  # where the silent wrong writes happen: what no pre-execution gate can see
+        values = (metric(before, "wrong_writes_per_episode", c, "by_category"),
+                  metric(after, "wrong_writes_per_episode", c, "by_category"))
+        if any(values):
+            rows.append(Row(f"wrong-state writes/episode {c}", *values, "count", -1))
     return rows
 
 

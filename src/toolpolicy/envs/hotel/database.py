@@ -128,7 +128,7 @@ def build_database(connection: sqlite3.Connection, seed: int = 0) -> None:
     connection.commit()
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=64)
 def seed_database(seed: int = 0) -> sqlite3.Connection:
     """The pristine database for `seed`, built once per process and only ever copied from."""
     connection = sqlite3.connect(":memory:", check_same_thread=False)

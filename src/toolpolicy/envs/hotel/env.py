@@ -11,7 +11,8 @@ the gate denied are the episode's `gate_deny` events. Outcome, read by the rewar
     goal_reached   the final database hashes like the reference run's (tasks.goal_hash)
     violations     calls that ran although the policy forbids them; violation_rules by id
     wrong_writes   writes the policy allowed that the reference does not make
-                   (silent wrong-state writes: wrong booking, wrong amount, unconfirmed change)
+                   (silent wrong-state writes: wrong booking, wrong amount, unconfirmed change);
+                   wrong_write_calls lists them as name(arguments)
     writes         successful write calls
     category, kind the task's
 """
@@ -85,7 +86,8 @@ class HotelSession:
         reference = plan_calls(task.info["plan"])
         self.expected_writes = Counter(write_key(c) for c in reference if self.effects[c.name] == "write")
         self.violation_rules: Counter[str] = Counter()
-        self.violations = self.wrong_writes = self.writes = 0
+        self.violations = self.writes = 0
+        self.wrong_writes: list[str] = []  # permitted writes the reference does not make, as name(arguments)
 
     def before(self, call: ToolCall) -> bool:
         """Whether the policy forbids `call`; counted as a violation if so (it runs anyway: the gate is off)."""
@@ -106,7 +108,7 @@ class HotelSession:
         if self.expected_writes[key] > 0:
             self.expected_writes[key] -= 1
         elif not broken:
-            self.wrong_writes += 1
+            self.wrong_writes.append(f"{call.name}({', '.join(f'{k}={v}' for k, v in key[1])})")
 
     def on_answer(self, messages: list[Message]) -> list[Message] | None:
         text = self.user.reply(messages)
@@ -123,7 +125,7 @@ class HotelSession:
             raise RuntimeError(f"the simulated user failed: {error}")
         return {
             "goal_reached": reached, "violations": self.violations, "violation_rules": dict(self.violation_rules),
-            "wrong_writes": self.wrong_writes, "writes": self.writes,
+            "wrong_writes": len(self.wrong_writes), "wrong_write_calls": self.wrong_writes, "writes": self.writes,
             "category": self.task.info["category"], "kind": self.task.info["kind"],
         }
 

@@ -18,12 +18,17 @@ Kinds, by category:
 Independently, the guest gives their identity up front ("given"), only their name
 ("by_name": lookup first) or not at all ("asked": the desk asks).
 
-Train and eval tasks come from disjoint guests (every fourth guest is eval) and
-different random streams, so eval never repeats a training conversation.
+Every TASKS_PER_DATABASE consecutive tasks share one database of about 60 guests,
+with its own seed (`info["db_seed"]`), so the desk meets thousands of different
+guests and has to copy each one's details from the conversation: with one fixed
+guest list a small model learns the list by heart instead, and fails on any guest
+it has not seen. Train and eval databases come from disjoint seeds (even and odd)
+and different random streams, so eval never repeats a training guest or conversation.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import sqlite3
 from collections import Counter
@@ -37,6 +42,7 @@ from toolpolicy.envs.hotel.tools import booking_facts, make_tools
 from toolpolicy.types import Task, ToolCall
 
 IDENTITY_WEIGHTS = {"given": 5, "by_name": 2, "asked": 3}
+TASKS_PER_DATABASE = 8
 ASK_IDENTITY = "Your guest id, last name and birth year?"
 
 
@@ -66,14 +72,13 @@ def goal_hash(plan: list[dict[str, Any]], seed: int) -> str:
     return digest
 
 
-def _bookings(db: sqlite3.Connection, guests: set[str]) -> list[dict[str, Any]]:
+def _bookings(db: sqlite3.Connection) -> list[dict[str, Any]]:
     rows = db.execute("SELECT b.id, b.guest_id, b.check_in, b.check_out, b.room_id, r.rate FROM bookings b "
                       "JOIN rooms r ON r.id = b.room_id ORDER BY b.id").fetchall()
     out = []
     for booking_id, guest, check_in, check_out, room, rate in rows:
-        if guest in guests:
-            out.append({"id": booking_id, "guest": guest, "check_in": check_in, "check_out": check_out, "room": room,
-                        "rate": rate, **booking_facts(db, booking_id)})
+        out.append({"id": booking_id, "guest": guest, "check_in": check_in, "check_out": check_out, "room": room,
+                    "rate": rate, **booking_facts(db, booking_id)})
     return out
 
 
@@ -194,18 +199,34 @@ KINDS: dict[str, Kind] = {
 CATEGORY = {name: kind.category for name, kind in KINDS.items()}
 
 
+def database_seed(family: int, split: str, seed: int, block: int) -> int:
+    """The seed of the database behind block `block` of a task list: even for train, odd for eval."""
+    digest = hashlib.sha256(f"hotel-tasks/{family}/{split}/{seed}/{block}".encode()).digest()
+    return int.from_bytes(digest[:6], "big") * 2 + (split == "eval")
+
+
 def make_tasks(split: str, n: int, seed: int, db_seed: int = 0) -> list[Task]:
-    """`n` tasks of `split` ("train" or "eval"), the same for the same arguments."""
+    """`n` tasks of `split` ("train" or "eval"), the same for the same arguments; `db_seed`
+    picks the family of databases the tasks' own database seeds are drawn from."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
-    db = seed_database(db_seed)
+    rng = random.Random(f"hotel/{split}/{seed}")
+    out: list[Task] = []
+    for block in range(-(-n // TASKS_PER_DATABASE)):
+        database = database_seed(db_seed, split, seed, block)
+        for task in _tasks_on(database, min(TASKS_PER_DATABASE, n - len(out)), rng):
+            out.append(Task(f"hotel-{split}-{seed}-{len(out)}", task.prompt, "", task.info))
+    return out
+
+
+def _tasks_on(database: int, n: int, rng: random.Random) -> list[Task]:
+    """`n` tasks on the guests and bookings of database `database`, drawn with `rng`."""
+    db = seed_database(database)
     guests = {g: (first, last, year) for g, first, last, year in db.execute("SELECT * FROM guests ORDER BY id")}
-    mine = {g for i, g in enumerate(guests) if (i % 4 == 0) == (split == "eval")}
-    bookings = _bookings(db, mine)
+    bookings = _bookings(db)
     live = Counter(b["guest"] for b in bookings if b["status"] == "confirmed")
     fitting = {name: [b for b in bookings if kind.fits(b, live[b["guest"]])] for name, kind in KINDS.items()}
     names = [name for name in KINDS if fitting[name]]
-    rng = random.Random(f"hotel/{split}/{seed}")
     out: list[Task] = []
     while len(out) < n:
         name = rng.choices(names, [KINDS[k].weight for k in names])[0]
@@ -225,8 +246,8 @@ def make_tasks(split: str, n: int, seed: int, db_seed: int = 0) -> list[Task]:
         info = {
             "category": KINDS[name].category, "kind": name, "identity": identity, "guest": b["guest"],
             "first_name": first, "last_name": last, "birth_year": year, "booking": b["id"], "confirm": True,
-            "plan": plan, "must_say": draft.must_say, "goal_hash": goal_hash(plan, db_seed), "db_seed": db_seed,
+            "plan": plan, "must_say": draft.must_say, "goal_hash": goal_hash(plan, database), "db_seed": database,
             "min_tool_calls": len(plan_calls(plan)), "today": TODAY, **draft.extra,
         }
-        out.append(Task(f"hotel-{split}-{seed}-{len(out)}", opening + draft.request, "", info))
+        out.append(Task("", opening + draft.request, "", info))
     return out
