@@ -9,6 +9,7 @@ import pytest
 import toolpolicy.eval.metrics
 from toolpolicy.eval.metrics import EpisodeRecord, pass_at_k, pass_hat_k, summarize
 from toolpolicy.types import Episode, Event, Message, Task
+from toolpolicy.report import format_summary
 
 
 @pytest.mark.parametrize(
@@ -102,7 +103,7 @@ def test_summarize_uneven_trials_and_infra_exclusion():
     assert easy["pass_at_k"] == pytest.approx({"1": 0.5, "2": 5 / 6, "3": 1.0, "4": 1.0})
     assert easy["pass_hat_k"] == pytest.approx({"1": 0.5, "2": 1 / 6, "3": 0.0, "4": 0.0})
     assert hard["n"] == 2 and hard["accuracy"] == 1.0 and hard["tokens_per_episode"] == 50
-    assert set(easy) == set(summary) - {"by_difficulty", "infra_errors"}
+    assert set(easy) == set(summary) - {"by_difficulty", "infra_errors", "wrong_write_examples"}
     json.dumps(summary)  # JSON-ready
 
 
@@ -138,12 +139,15 @@ def test_docstring_examples():
 def test_violations_wrong_writes_and_categories_come_from_the_episode():
     task = Task("h1", "cancel my stay", "", {"category": "forbidden"})
     ep = Episode(task, [], [Event("gate_deny", 0, "late-cancel"), Event("tool_call", 1, "get_booking")])
-    ep.outcome = {"violations": 2, "wrong_writes": 1}
+    ep.outcome = {"violations": 2, "wrong_writes": 1, "wrong_write_calls": ["cancel(booking=B7)"]}
     r = EpisodeRecord.from_episode(ep, False, 40)
-    assert (r.category, r.violations, r.wrong_writes, r.denials) == ("forbidden", 3, 1, 1)
+    assert (r.category, r.violations, r.violations_run, r.wrong_writes, r.denials) == ("forbidden", 3, 2, 1, 1)
     clean = Episode(Task("h2", "x", "", {"category": "feasible"}), [])
     summary = summarize([r, EpisodeRecord.from_episode(clean, True, 10)])
     assert summary["violations_per_episode"] == 1.5 and summary["wrong_writes_per_episode"] == 0.5
+    assert summary["violations_run_per_episode"] == 1.0
+    assert summary["wrong_write_examples"] == ["h1 (forbidden): cancel(booking=B7)"]
+    assert format_summary({**summary, "name": "off"}).endswith("first 1):\n  h1 (forbidden): cancel(booking=B7)")
     assert list(summary["by_category"]) == ["feasible", "forbidden"]
     assert summary["by_category"]["forbidden"]["accuracy"] == 0.0 and summary["by_category"]["feasible"]["accuracy"] == 1.0
     assert "by_category" not in summarize([EpisodeRecord.from_episode(Episode(Task("c", "x", "1"), []), True, 1)])

@@ -21,7 +21,7 @@ from toolpolicy.envs.hotel.tools import booking_facts, make_tools
 from toolpolicy.gate import Gate, Ledger, Policy
 from toolpolicy.model import make_template
 from toolpolicy.rewards import (
-    Rubric, facts_communicated, goal_state, policy_violation, task_success, wrong_state_writes,
+    Rubric, facts_communicated, goal_state, policy_violation, task_success, violations_run, wrong_state_writes,
 )
 from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend
 from toolpolicy.trainer.setup import char_codec
@@ -289,14 +289,14 @@ def test_compliant_success_refusal_blocked_violation_and_wrong_write(env, train_
     assert blocked.denials_by_rule() == {"free-cancel-window": 1}
     assert blocked.outcome["goal_reached"]  # the gate kept the database right...
     assert facts_communicated(blocked) == 0.0 and task_success(blocked) == 0.0  # ...but the guest was told a falsehood
-    assert policy_violation(blocked) == 1.0
+    assert policy_violation(blocked) == 1.0 and violations_run(blocked) == 0.0  # attempted, never ran
     assert not wrong.outcome["goal_reached"] and wrong_state_writes(wrong) == 1.0 and policy_violation(wrong) == 0.0
 
     success, refusal, ran, wrong = open_
     assert task_success(success) == task_success(refusal) == 1.0
     assert ran.count("gate_deny") == 0 and ran.outcome["violations"] == 1
     assert ran.outcome["violation_rules"] == {"free-cancel-window": 1}
-    assert policy_violation(ran) == 1.0 and not ran.outcome["goal_reached"] and goal_state(ran) == 0.0
+    assert policy_violation(ran) == violations_run(ran) == 1.0 and not ran.outcome["goal_reached"] and goal_state(ran) == 0.0
     assert ran.outcome["wrong_writes"] == 0  # a violating write is counted as a violation, not twice
     assert wrong.outcome["wrong_writes"] == 1 and wrong.outcome["violations"] == 0
     assert wrong.outcome["wrong_write_calls"] == [f"cancel(booking={wrong_booking})"]
@@ -399,6 +399,10 @@ def test_cli_sft_then_eval_with_gate_off_and_on(tmp_path: Path, capsys) -> None:
         assert summary["n"] + summary["infra_errors"] == 12 and summary["policy"].endswith("policy.yaml")
         assert set(summary["pass_hat_k"]) == {"1", "2"} and "by_category" in summary
         assert {"violations_per_episode", "wrong_writes_per_episode", "tokens_per_episode"} <= set(summary)
+        if name == "eval-gate-on":  # the gate stops every call that would break the policy
+            assert summary["violations_run_per_episode"] == 0 and summary["denials_per_episode"] == summary["violations_per_episode"]
+        else:
+            assert summary["violations_run_per_episode"] == summary["violations_per_episode"]
     env = {**os.environ, "TEST_GUEST_KEY": "k", "CHAT_SERVER_KEY": "k"}
     server = subprocess.Popen([sys.executable, str(CHAT_SERVER)], stdout=subprocess.PIPE, text=True, env=env)
     try:

@@ -263,7 +263,8 @@ def test_process_limit_stops_forking(sandbox: PythonSandbox) -> None:
     )
     run = sandbox.run(code)
     assert run.status == "ok" and "Resource temporarily unavailable" in run.output
-    assert int(run.output.split()[2]) < LIMITS.max_processes
+    # refused at the limit or before it, out of 1,000 attempts (on a loaded machine it was seen at exactly 16)
+    assert int(run.output.split()[2]) <= LIMITS.max_processes
     assert_nothing_left(sandbox)
 
 

@@ -26,3 +26,24 @@ def test_demo_config_points_at_the_shipped_checkpoint():
     )
     expected = make_template(compact=True).render_prompt(messages, env.tools.specs())
     assert rendered == expected
+
+
+def test_hotel_configs_point_at_the_shipped_hotel_checkpoint():
+    from toolpolicy.envs import HotelEnv
+    from toolpolicy.trainer.config import load_config
+
+    configs = ROOT / "src" / "toolpolicy" / "configs"
+    ablation = load_config(configs / "ablation_hotel.yaml")
+    shipped = ROOT / ablation.init_from
+    assert (shipped / "model.safetensors").is_file(), f"{shipped} is missing: run the hotel sft command in README.md"
+    made_by, source = load_config(shipped / "toolpolicy-config.yaml"), load_config(configs / "hotel.yaml")
+    sft_fields = [name for name in type(source).model_fields
+                  if name.startswith(("sft_", "expert_", "max_")) or name in ("env", "seed", "vocab_size", "tokenizer_texts")]
+    assert made_by.env == "hotel"
+    assert {f: getattr(made_by, f) for f in sft_fields} == {f: getattr(source, f) for f in sft_fields}  # hotel.yaml remakes it
+    model, tokenizer = load_policy(shipped)
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (ablation.hidden_size, ablation.layers)
+    env = HotelEnv()
+    task = env.tasks("eval", 1, seed=0)[0]
+    ids = tokenizer(f"{task.info['last_name']}, born {task.info['birth_year']}")["input_ids"]
+    assert tokenizer.decode(ids) == f"{task.info['last_name']}, born {task.info['birth_year']}"

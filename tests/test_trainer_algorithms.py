@@ -82,6 +82,21 @@ def test_ablate_runs_presets_and_seeds_and_writes_the_table(smoke_run: Path, tmp
     assert main(["ablate", str(SMOKE), "--set", f"run_dir={tmp_path}", "--presets", "grpo"]) == 2  # no init_from
 
 
+def test_ablation_table_keeps_only_the_figures_some_run_reports() -> None:
+    from toolpolicy.ablation import FIGURES, ablation_table, figure
+
+    summary = {"accuracy": 0.5, "invalid_call_rate": 0.1, "violations_per_episode": 0.25, "tool_calls_per_episode": 3.0,
+               "pass_hat_k": {"1": 0.5, "4": 0.125}, "by_difficulty": {"all": {"accuracy": 0.5}}}
+    figures = {label: figure(summary, key, group) for label, key, group in FIGURES}
+    assert figures["pass^4"] == 0.125 and figures["violation attempts"] == 0.25 and figures["accuracy hard"] is None
+    other = {**figures, "accuracy": 0.75, "violation attempts": 0.75}
+    results = [{"preset": "grpo", "seed": s, "minutes": 1.0, "figures": f} for s, f in enumerate((figures, other))]
+    table = ablation_table(results, ["grpo"], load_config(SMOKE))
+    header, _, row = table.splitlines()[2:5]
+    assert header == "| preset | accuracy | pass^4 | invalid-call rate | violation attempts | minutes | within noise of best |"
+    assert row == "| grpo | 62.5% (50.0..75.0) | 12.5% (12.5..12.5) | 10.0% (10.0..10.0) | 0.50 (0.25..0.75) | 1.0 | best |"
+
+
 @pytest.mark.parametrize("path", sorted(SMOKE.parent.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path: Path) -> None:
     cfg = load_config(path)

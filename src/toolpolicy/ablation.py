@@ -4,13 +4,15 @@
 
 Every (preset, seed) pair is one RL run from the config's `init_from` (or `cold_start`)
 with the config's steps and samples, then one evaluation on the same held-out tasks
-(`eval_seed` is shared, so every run faces the same tasks). Runs go in parallel
+(`eval_seed` is shared, so every run faces the same tasks) with the gate off: an
+environment with a policy counts the attempts to break it instead of stopping them. Runs go in parallel
 processes, `jobs` at a time, each with cores / jobs threads. The run folder gets:
 
     <preset>-s<seed>/   the run (metrics.jsonl, rl/final, eval/final.json)
     ablation.json       every run's figures
     ablation.md         the table: mean over seeds and the spread (min..max) per preset
-    ablation.png        accuracy with each seed's value, tool calls by difficulty,
+    ablation.png        accuracy with each seed's value, tool calls by difficulty (or
+                        violation attempts, where tasks have no difficulty),
                         invalid-call rate and the reward curves
 
 A difference between two presets smaller than their seed spread is within noise;
@@ -36,10 +38,15 @@ FIGURES = (
     ("accuracy", "accuracy", None),
     ("accuracy easy", "accuracy", "easy"),
     ("accuracy hard", "accuracy", "hard"),
+    ("pass^4", "pass_hat_k", "4"),
     ("tool calls easy", "tool_calls_per_episode", "easy"),
     ("tool calls hard", "tool_calls_per_episode", "hard"),
     ("invalid-call rate", "invalid_call_rate", None),
+    ("violation attempts", "violations_per_episode", None),
 )
+"""(label, summary key, group): a group is a difficulty, or for pass^k the k. A column
+no run reports (no difficulties, fewer than 4 trials) is left out of the table."""
+PERCENT = {"accuracy", "accuracy easy", "accuracy hard", "pass^4", "invalid-call rate"}
 
 
 def run_ablation(path: str, overrides: list[str], presets: list[str], seeds: list[int], jobs: int) -> Path:
@@ -99,7 +106,7 @@ def train_and_evaluate(
     run_dir = Path(folder)
     began = time.perf_counter()
     final = train_rl(cfg, prepare_run_dir(cfg))
-    summary = evaluate(cfg, final, "final", run_dir)
+    summary = evaluate(cfg, final, "final", run_dir, gate=False)  # what the policy does with nothing stopping it
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward"] for r in rows if r.get("phase") == "rl"]
     return {
@@ -112,27 +119,32 @@ def train_and_evaluate(
 
 
 def figure(summary: dict[str, Any], key: str, group: str | None) -> float | None:
-    source = summary if group is None else summary.get("by_difficulty", {}).get(group, {})
-    value = source.get(key)
+    if group is None:
+        value = summary.get(key)
+    elif key == "pass_hat_k":
+        value = summary.get(key, {}).get(group)
+    else:
+        value = summary.get("by_difficulty", {}).get(group, {}).get(key)
     return float(value) if isinstance(value, (int, float)) else None
 
 
 def ablation_table(results: list[dict[str, Any]], presets: list[str], cfg: Config) -> str:
     """Markdown: per preset, the mean over seeds of every figure with its min..max."""
     seeds = sorted({r["seed"] for r in results})
+    labels = [label for label, _, _ in FIGURES if any(r["figures"].get(label) is not None for r in results)]
     lines = [
         f"Ablation on `{cfg.env}`: {cfg.rl_steps} RL steps x {cfg.prompts_per_step} tasks x {cfg.group_size} samples, "
         f"seeds {seeds}, from `{cfg.init_from or cfg.cold_start}`; held-out {cfg.eval_tasks} tasks x {cfg.eval_samples} "
         "samples. Each cell: mean over seeds (min..max).",
         "",
-        "| preset | " + " | ".join(label for label, _, _ in FIGURES) + " | minutes | within noise of best |",
-        "|---" * (len(FIGURES) + 3) + "|",
+        "| preset | " + " | ".join(labels) + " | minutes | within noise of best |",
+        "|---" * (len(labels) + 3) + "|",
     ]
     spreads = {p: [r["figures"]["accuracy"] for r in results if r["preset"] == p] for p in presets}
     best = max(presets, key=lambda p: mean(spreads[p]))
     for preset in presets:
         runs = [r for r in results if r["preset"] == preset]
-        cells = [_cell([r["figures"][label] for r in runs], "rate" in label or "accuracy" in label) for label, _, _ in FIGURES]
+        cells = [_cell([r["figures"].get(label) for r in runs], label in PERCENT) for label in labels]
         minutes = mean(r["minutes"] for r in runs)
         noise = "best" if preset == best else ("yes" if max(spreads[preset]) >= min(spreads[best]) else "no")
         lines.append(f"| {preset} | " + " | ".join(cells) + f" | {minutes:.1f} | {noise} |")
@@ -162,21 +174,25 @@ def ablation_plot(results: list[dict[str, Any]], presets: list[str], path: Path)
     by_preset = {p: [r for r in results if r["preset"] == p] for p in presets}
 
     def bars(ax: Any, label: str, title: str, scale: float = 1.0) -> None:
-        means = [mean([(r["figures"][label] or 0) * scale for r in by_preset[p]]) for p in presets]
+        means = [mean([(r["figures"].get(label) or 0) * scale for r in by_preset[p]]) for p in presets]
         ax.bar(x, means, color="#457b9d", alpha=0.8)
         for i, p in enumerate(presets):
-            ax.scatter([i] * len(by_preset[p]), [(r["figures"][label] or 0) * scale for r in by_preset[p]], color="#1d3557", s=14, zorder=3)
+            values = [(r["figures"].get(label) or 0) * scale for r in by_preset[p]]
+            ax.scatter([i] * len(values), values, color="#1d3557", s=14, zorder=3)
         ax.set_xticks(list(x), presets, rotation=30)
         ax.set_title(title)
 
     bars(axes[0][0], "accuracy", "Held-out accuracy (%), bar = mean, dots = seeds", 100)
-    width = 0.4
-    for offset, (label, colour) in zip((-width / 2, width / 2), (("tool calls easy", "#a8dadc"), ("tool calls hard", "#e63946"))):
-        means = [mean([r["figures"][label] or 0 for r in by_preset[p]]) for p in presets]
-        axes[0][1].bar([i + offset for i in x], means, width, label=label, color=colour)
-    axes[0][1].set_xticks(list(x), presets, rotation=30)
-    axes[0][1].set_title("Tool calls per episode by difficulty")
-    axes[0][1].legend()
+    if any(r["figures"].get("tool calls easy") is not None for r in results):
+        width = 0.4
+        for offset, (label, colour) in zip((-width / 2, width / 2), (("tool calls easy", "#a8dadc"), ("tool calls hard", "#e63946"))):
+            means = [mean([r["figures"][label] or 0 for r in by_preset[p]]) for p in presets]
+            axes[0][1].bar([i + offset for i in x], means, width, label=label, color=colour)
+        axes[0][1].set_xticks(list(x), presets, rotation=30)
+        axes[0][1].set_title("Tool calls per episode by difficulty")
+        axes[0][1].legend()
+    else:
+        bars(axes[0][1], "violation attempts", "Policy violation attempts per episode (gate off)")
     bars(axes[1][0], "invalid-call rate", "Invalid-call rate (%)", 100)
     for preset in presets:
         curves = [r["reward_curve"] for r in by_preset[preset] if r["reward_curve"]]

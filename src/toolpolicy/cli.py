@@ -205,6 +205,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     """`toolpolicy eval`: one evaluation, or gate off and on side by side; tables to stdout."""
     from toolpolicy.eval.run import evaluate
     from toolpolicy.report import format_comparison, format_summary
+    from toolpolicy.report.comparison import wrong_write_lines
 
     if args.trials is not None:
         if args.trials < 1:
@@ -222,7 +223,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     elif args.gate == "both":
         off = evaluate(cfg, checkpoint, f"{args.name}-gate-off", run_dir, gate=False)
         on = evaluate(cfg, checkpoint, f"{args.name}-gate-on", run_dir, gate=True)
-        print(format_comparison(off, on))
+        print("\n".join([format_comparison(off, on), *wrong_write_lines(on)]))
     else:
         print(format_summary(evaluate(cfg, checkpoint, args.name, run_dir, gate=args.gate == "on")))
     print(f"results: {run_dir / 'eval'}")

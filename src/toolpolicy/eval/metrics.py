@@ -10,10 +10,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolpolicy.rewards import policy_violation
+from toolpolicy.rewards import policy_violation, violations_run
 from toolpolicy.types import Episode
 
 MAX_PASS_K = 16
+WRONG_WRITE_EXAMPLES = 10
+"""How many silent wrong-state writes a summary lists, as "task (category): call"."""
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,12 @@ class EpisodeRecord:
     violations: int = 0
     """Calls that broke the policy: gate denials, plus the attempts the environment saw
     itself (with the gate off, a stateful environment still checks its policy)."""
+    violations_run: int = 0
+    """Of those, the calls that ran: zero when an enforcing gate saw every call."""
     wrong_writes: int = 0
     """Writes the environment found outside the task's reference (silent wrong state)."""
+    wrong_write_calls: tuple[str, ...] = ()
+    """Those writes as "name(arguments)", when the environment lists them."""
 
     @staticmethod
     def from_episode(ep: Episode, correct: bool, tokens: int) -> EpisodeRecord:
@@ -53,7 +59,9 @@ class EpisodeRecord:
             denials_by_rule=ep.denials_by_rule(),
             category=str(ep.task.info.get("category", "")),
             violations=int(policy_violation(ep)),
+            violations_run=int(violations_run(ep)),
             wrong_writes=int(ep.outcome.get("wrong_writes", 0)),
+            wrong_write_calls=tuple(ep.outcome.get("wrong_write_calls", ())),
         )
 
 
@@ -127,6 +135,7 @@ def _rates(records: list[EpisodeRecord]) -> dict[str, Any]:
         "tokens_per_episode": sum(r.tokens for r in records) / per_episode,
         "denials_per_episode": sum(r.denials for r in records) / per_episode,
         "violations_per_episode": sum(r.violations for r in records) / per_episode,
+        "violations_run_per_episode": sum(r.violations_run for r in records) / per_episode,
         "wrong_writes_per_episode": sum(r.wrong_writes for r in records) / per_episode,
         "denials_by_rule": {rule: count / per_episode for rule, count in sorted(_rule_totals(records).items())},
         **_pass_metrics(records),
@@ -148,10 +157,12 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
     Keys: n, accuracy (share of successful episodes), tool_calls_per_episode,
     invalid_call_rate (invalid / (valid + invalid) calls), truncated_rate,
     tokens_per_episode, denials_per_episode (calls the policy gate denied),
-    denials_by_rule ({rule id: denials per episode}), violations_per_episode,
+    denials_by_rule ({rule id: denials per episode}), violations_per_episode (attempts),
+    violations_run_per_episode (attempts that ran: the gate was off or missed them),
     wrong_writes_per_episode, pass_at_k and pass_hat_k ({str(k): mean over tasks} for
     k = 1 .. the fewest trials of any task), by_difficulty ({difficulty: same keys}),
-    by_category (when tasks have a category), infra_errors. Infra-error records count
+    by_category (when tasks have a category), infra_errors, wrong_write_examples (the
+    first WRONG_WRITE_EXAMPLES silent wrong writes, for environments that list them). Infra-error records count
     only in infra_errors: they are excluded, not scored as failures.
     """
     scored = [r for r in records if not r.infra_error]
@@ -166,4 +177,7 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
         "by_difficulty": {d: _rates(rs) for d, rs in sorted(by_difficulty.items())},
         **({"by_category": {c: _rates(rs) for c, rs in sorted(by_category.items())}} if by_category else {}),
         "infra_errors": len(records) - len(scored),
+        "wrong_write_examples": [
+            f"{r.task_id} ({r.category or r.difficulty}): {call}" for r in scored for call in r.wrong_write_calls
+        ][:WRONG_WRITE_EXAMPLES],
     }

@@ -134,6 +134,7 @@ def policy_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> 
     ]
     for label, key in (
         ("violation attempts/episode", "violations_per_episode"),
+        ("violating calls run/episode", "violations_run_per_episode"),
         ("wrong-state writes/episode", "wrong_writes_per_episode"),
         ("gate denials/episode", "denials_per_episode"),
     ):
@@ -196,7 +197,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows += detail_rows(None, summary)
     table = [("metric", "value")] + [(r.label, r.after_text) for r in rows if r.after is not None]
     gate = f", policy {summary['policy']} {'enforced' if summary.get('gate') else 'not enforced'}" if summary.get("policy") else ""
-    return "\n".join([f"{summary.get('name', 'eval')} ({summary.get('checkpoint', '')}{gate})", *_aligned(table)])
+    return "\n".join([f"{summary.get('name', 'eval')} ({summary.get('checkpoint', '')}{gate})", *_aligned(table),
+                      *wrong_write_lines(summary)])
+
+
+def wrong_write_lines(summary: dict[str, Any]) -> list[str]:
+    """The summary's examples of silent wrong-state writes, if it has any: what a gate lets through."""
+    examples = summary.get("wrong_write_examples") or []
+    return [f"silent wrong-state writes ({summary.get('name', 'eval')}, first {len(examples)}):",
+            *(f"  {e}" for e in examples)] if examples else []
 
 
 def _aligned(table: list[tuple[str, ...]]) -> list[str]:

@@ -17,6 +17,7 @@ from toolpolicy.rewards.functions import (
     task_success,
     tool_call_count,
     tool_error_count,
+    violations_run,
     wrong_state_writes,
 )
 from toolpolicy.rewards.rubric import Rubric, RubricTerm, Score
@@ -41,5 +42,6 @@ __all__ = [
     "task_success",
     "tool_call_count",
     "tool_error_count",
+    "violations_run",
     "wrong_state_writes",
 ]

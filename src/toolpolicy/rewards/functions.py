@@ -134,8 +134,14 @@ def policy_violation(episode: Episode) -> float:
     Only policy denials count: a call to an unknown tool or with arguments that break
     the schema is an `invalid_call`, which `invalid_call_count` covers.
     """
-    ran_anyway = episode.outcome["violations"] if "violations" in episode.outcome else episode.count("violation")
-    return float(episode.count("gate_deny") + int(ran_anyway))
+    return float(episode.count("gate_deny")) + violations_run(episode)
+
+
+def violations_run(episode: Episode) -> float:
+    """Calls that ran although the policy forbids them: the environment's own count
+    (`outcome["violations"]`) where it checks its policy, else the shadow gate's
+    `violation` events. Zero whenever an enforcing gate saw every call."""
+    return float(episode.outcome["violations"] if "violations" in episode.outcome else episode.count("violation"))
 
 
 # ---- stateful environments (hotel): scored on the session's outcome -------------------
@@ -213,6 +219,7 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "invalid_call_count": invalid_call_count,
     "tool_error_count": tool_error_count,
     "policy_violation": policy_violation,
+    "violations_run": violations_run,
     "otc_reward": otc_reward,
     "eapo_reward": eapo_reward,
     "facts_communicated": facts_communicated,

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss, first_groups, varied_groups
 from toolpolicy.model import load_policy
-from toolpolicy.rewards import Rubric, Score
+from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
 from toolpolicy.rollout import RolloutEngine, Trajectory
 from toolpolicy.trainer.batch import TokenBatch, collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
@@ -113,30 +113,33 @@ def policy_update(
     return out
 
 
-def rollout_metrics(trajectories: list[Trajectory], scores: list[Score]) -> dict[str, float]:
-    """Per-step means of reward, accuracy and tool use, overall and per difficulty."""
+def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success: RewardFunction) -> dict[str, float]:
+    """Per-step means of reward, accuracy (the share with `success` 1, as in evaluation),
+    tool use and policy violations, overall and per difficulty."""
     out: dict[str, float] = {}
     by_difficulty: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(trajectories):
         by_difficulty[t.episode.task.difficulty].append(i)
     n = len(trajectories)
+    solved = [success(t.episode) == 1.0 for t in trajectories]
     calls = sum(t.episode.count("tool_call") for t in trajectories)
     invalid = sum(t.episode.count("invalid_call") for t in trajectories)
     out["reward"] = sum(s.total for s in scores) / n
-    out["accuracy"] = sum(s.components.get("correct_answer", 0.0) for s in scores) / n
+    out["accuracy"] = sum(solved) / n
     out["tool_calls"] = calls / n
     out["invalid_call_rate"] = invalid / max(1, calls + invalid)
     out["truncated_rate"] = sum(t.episode.truncated for t in trajectories) / n
     out["infra_errors"] = sum(t.episode.infra_error is not None for t in trajectories)
     out["response_tokens"] = sum(t.response_len for t in trajectories) / n
     out["denials"] = sum(t.episode.count("gate_deny") for t in trajectories) / n
+    out["violations"] = sum(policy_violation(t.episode) for t in trajectories) / n
     by_rule: Counter[str] = Counter()
     for t in trajectories:
         by_rule.update(t.episode.denials_by_rule())
     for rule, count in sorted(by_rule.items()):
         out[f"denials/{rule}"] = count / n
     for difficulty, rows in sorted(by_difficulty.items()):
-        out[f"accuracy/{difficulty}"] = sum(scores[i].components.get("correct_answer", 0.0) for i in rows) / len(rows)
+        out[f"accuracy/{difficulty}"] = sum(solved[i] for i in rows) / len(rows)
         out[f"tool_calls/{difficulty}"] = sum(trajectories[i].episode.count("tool_call") for i in rows) / len(rows)
     return out
 
@@ -157,6 +160,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     start = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else 0
     engine = make_engine(cfg, policy, sampler)
     rubric = Rubric.from_weights(cfg.rewards or engine.env.default_rewards)
+    success = REWARD_FUNCTIONS[engine.env.success_reward]
     credit = Credit(cfg, rubric)
     log = MetricsLog(run_dir / "metrics.jsonl")
     log.rewind("rl", start)
@@ -189,7 +193,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             scheduler.step()
 
             # 4. Log and checkpoint.
-            record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, scores), **update}
+            record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, scores, success), **update}
             record.update({"kept_groups": int(groups.sum()), "refill_rounds": refills, "grad_norm": grad_norm, "lr": lr})
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
             log.write(record)
