@@ -214,20 +214,20 @@ def make_tasks(split: str, n: int, seed: int, db_seed: int = 0) -> list[Task]:
     out: list[Task] = []
     for block in range(-(-n // TASKS_PER_DATABASE)):
         database = database_seed(db_seed, split, seed, block)
-        for task in _tasks_on(database, min(TASKS_PER_DATABASE, n - len(out)), rng):
-            out.append(Task(f"hotel-{split}-{seed}-{len(out)}", task.prompt, "", task.info))
+        for prompt, info in _drafts_on(database, min(TASKS_PER_DATABASE, n - len(out)), rng):
+            out.append(Task(f"hotel-{split}-{seed}-{len(out)}", prompt, "", info))
     return out
 
 
-def _tasks_on(database: int, n: int, rng: random.Random) -> list[Task]:
-    """`n` tasks on the guests and bookings of database `database`, drawn with `rng`."""
+def _drafts_on(database: int, n: int, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
+    """The prompts and infos of `n` tasks on the guests and bookings of database `database`, drawn with `rng`."""
     db = seed_database(database)
     guests = {g: (first, last, year) for g, first, last, year in db.execute("SELECT * FROM guests ORDER BY id")}
     bookings = _bookings(db)
     live = Counter(b["guest"] for b in bookings if b["status"] == "confirmed")
     fitting = {name: [b for b in bookings if kind.fits(b, live[b["guest"]])] for name, kind in KINDS.items()}
     names = [name for name in KINDS if fitting[name]]
-    out: list[Task] = []
+    out: list[tuple[str, dict[str, Any]]] = []
     while len(out) < n:
         name = rng.choices(names, [KINDS[k].weight for k in names])[0]
         b = rng.choice(fitting[name])
@@ -249,5 +249,5 @@ def _tasks_on(database: int, n: int, rng: random.Random) -> list[Task]:
             "plan": plan, "must_say": draft.must_say, "goal_hash": goal_hash(plan, database), "db_seed": database,
             "min_tool_calls": len(plan_calls(plan)), "today": TODAY, **draft.extra,
         }
-        out.append(Task("", opening + draft.request, "", info))
+        out.append((opening + draft.request, info))
     return out
