@@ -68,7 +68,7 @@ def test_search_rejects_bad_arguments_as_observations(corpus: Path) -> None:
     [
         ('{"id": "a", "text": "x"}\nnot json\n', "corpus.jsonl:2: not valid JSON"),
         ('{"id": "a"}\n', "corpus.jsonl:1: field 'text' is missing"),
-        ('["a", "b"]\n', "corpus.jsonl:1: each line must be a JSON object"),
+        ('["a", "b"]\n', "corpus.jsonl:1: expected a JSON object, got list"),
         ('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n', "corpus.jsonl:2: duplicate document id 'a'"),
         ('{"id": "a", "text": "x", "title": 3}\n', "corpus.jsonl:1: field 'title' must be a string"),
         ("\n\n", "the corpus is empty"),

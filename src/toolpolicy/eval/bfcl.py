@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from toolpolicy.chat import parse_assistant
+from toolpolicy.jsonl import read_objects
 from toolpolicy.model import load_policy, make_template
 from toolpolicy.rewards.bfcl import Expected, call_reward, match_calls
 from toolpolicy.rollout import GenRequest
@@ -86,16 +87,10 @@ def _rows(path: str | Path) -> list[tuple[dict[str, Any], str]]:
     if not path.is_file():
         raise BfclFileError(f"{path}: no such file")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise BfclFileError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-            raise BfclFileError(f"{path}:{number}: each line must be a JSON object with a string 'id'")
-        rows.append((row, f"{path}:{number}"))
+    for where, row in read_objects(path, BfclFileError):
+        if not isinstance(row.get("id"), str):
+            raise BfclFileError(f"{where}: each line must be a JSON object with a string 'id'")
+        rows.append((row, where))
     return rows
 
 

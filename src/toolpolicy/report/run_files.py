@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolpolicy.jsonl import read_objects
+
 
 class RunFileError(ValueError):
     """A run-folder file that exists but is malformed. The message starts "path:line:"."""
@@ -62,22 +64,22 @@ def read_run(run_dir: Path, before: str = "sft", after: str = "rl") -> RunFiles:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]] | None:
     """Objects of a JSON-lines file, blank lines skipped; None if the file is absent."""
-    numbered = _numbered_objects(path)
-    return None if numbered is None else [row for _, row in numbered]
+    return [row for _, row in read_objects(path, RunFileError)] if path.is_file() else None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]] | None:
     """metrics.jsonl rows; each must carry a string "phase" and an integer "step"."""
-    numbered = _numbered_objects(path)
-    if numbered is None:
+    if not path.is_file():
         return None
-    for number, row in numbered:
+    rows = []
+    for where, row in read_objects(path, RunFileError):
         if not isinstance(row.get("phase"), str):
-            raise RunFileError(f'{path}:{number}: missing "phase" (expected "sft" or "rl")')
+            raise RunFileError(f'{where}: missing "phase" (expected "sft" or "rl")')
         step = row.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
-            raise RunFileError(f'{path}:{number}: "step" must be an integer, got {step!r}')
-    return [row for _, row in numbered]
+            raise RunFileError(f'{where}: "step" must be an integer, got {step!r}')
+        rows.append(row)
+    return rows
 
 
 def read_eval(path: Path) -> dict[str, Any] | None:
@@ -91,22 +93,3 @@ def read_eval(path: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise RunFileError(f"{path}:1: expected a JSON object, got {type(data).__name__}")
     return data
-
-
-def _numbered_objects(path: Path) -> list[tuple[int, dict[str, Any]]] | None:
-    """(line number, object) for each non-blank line; None if the file is absent."""
-    if not path.is_file():
-        return None
-    rows = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise RunFileError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise RunFileError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            rows.append((number, row))
-    return rows

@@ -10,13 +10,14 @@ A query that matches nothing says so instead of returning zero-score noise.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import bm25s
 
+from toolpolicy.jsonl import read_objects
 from toolpolicy.tools.decorator import Tool, tool
 
 MAX_QUERY_CHARS = 500
@@ -107,26 +108,17 @@ def read_corpus(path: str | Path) -> list[Document]:
         raise CorpusError(f"{path}: no such corpus file")
     documents: list[Document] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            documents.append(_document(line, f"{path}:{number}"))
-            if documents[-1].id in seen:
-                raise CorpusError(f"{path}:{number}: duplicate document id {documents[-1].id!r}")
-            seen.add(documents[-1].id)
+    for where, row in read_objects(path, CorpusError):
+        documents.append(_document(row, where))
+        if documents[-1].id in seen:
+            raise CorpusError(f"{where}: duplicate document id {documents[-1].id!r}")
+        seen.add(documents[-1].id)
     if not documents:
         raise CorpusError(f"{path}: the corpus is empty")
     return documents
 
 
-def _document(line: str, where: str) -> Document:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise CorpusError(f"{where}: not valid JSON ({error.msg})") from None
-    if not isinstance(row, dict):
-        raise CorpusError(f"{where}: each line must be a JSON object with 'id' and 'text'")
+def _document(row: dict[str, Any], where: str) -> Document:
     for field in ("id", "text"):
         if not isinstance(row.get(field), (str, int)) or row.get(field) == "":
             raise CorpusError(f"{where}: field {field!r} is missing or not a non-empty string")
