@@ -28,6 +28,22 @@ def test_demo_config_points_at_the_shipped_checkpoint():
     assert rendered == expected
 
 
+def assert_made_by(shipped: Path, config: Path, env: str) -> None:
+    """The shipped checkpoint's recorded config has every SFT field of `config`, so
+    `toolpolicy sft CONFIG` remakes it."""
+    from toolpolicy.trainer.config import load_config
+
+    made_by, source = load_config(shipped / "toolpolicy-config.yaml"), load_config(config)
+    sft_fields = [name for name in type(source).model_fields
+                  if name.startswith(("sft_", "expert_", "max_")) or name in ("env", "seed", "vocab_size", "tokenizer_texts")]
+    assert made_by.env == env
+    assert {f: getattr(made_by, f) for f in sft_fields} == {f: getattr(source, f) for f in sft_fields}
+
+
+def test_demo_config_remakes_the_shipped_checkpoint():
+    assert_made_by(ROOT / "checkpoints" / "calc-sft", default_config_path(), env="calc")
+
+
 def test_hotel_configs_point_at_the_shipped_hotel_checkpoint():
     from toolpolicy.envs import HotelEnv
     from toolpolicy.trainer.config import load_config
@@ -36,11 +52,7 @@ def test_hotel_configs_point_at_the_shipped_hotel_checkpoint():
     ablation = load_config(configs / "ablation_hotel.yaml")
     shipped = ROOT / ablation.init_from
     assert (shipped / "model.safetensors").is_file(), f"{shipped} is missing: run the hotel sft command in README.md"
-    made_by, source = load_config(shipped / "toolpolicy-config.yaml"), load_config(configs / "hotel.yaml")
-    sft_fields = [name for name in type(source).model_fields
-                  if name.startswith(("sft_", "expert_", "max_")) or name in ("env", "seed", "vocab_size", "tokenizer_texts")]
-    assert made_by.env == "hotel"
-    assert {f: getattr(made_by, f) for f in sft_fields} == {f: getattr(source, f) for f in sft_fields}  # hotel.yaml remakes it
+    assert_made_by(shipped, configs / "hotel.yaml", env="hotel")
     model, tokenizer = load_policy(shipped)
     assert (model.config.hidden_size, model.config.num_hidden_layers) == (ablation.hidden_size, ablation.layers)
     env = HotelEnv()
