@@ -9,6 +9,7 @@ import yaml
 from toolpolicy.envs import CalcEnv
 from toolpolicy.model import load_policy, make_template
 from toolpolicy.demo import default_config_path
+from toolpolicy.trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,8 +32,6 @@ def test_demo_config_points_at_the_shipped_checkpoint():
 def assert_made_by(shipped: Path, config: Path, env: str) -> None:
     """The shipped checkpoint's recorded config has every SFT field of `config`, so
     `toolpolicy sft CONFIG` remakes it."""
-    from toolpolicy.trainer.config import load_config
-
     made_by, source = load_config(shipped / "toolpolicy-config.yaml"), load_config(config)
     sft_fields = [name for name in type(source).model_fields
                   if name.startswith(("sft_", "expert_", "max_")) or name in ("env", "seed", "vocab_size", "tokenizer_texts")]
@@ -46,7 +45,6 @@ def test_demo_config_remakes_the_shipped_checkpoint():
 
 def test_hotel_configs_point_at_the_shipped_hotel_checkpoint():
     from toolpolicy.envs import HotelEnv
-    from toolpolicy.trainer.config import load_config
 
     configs = ROOT / "src" / "toolpolicy" / "configs"
     ablation = load_config(configs / "ablation_hotel.yaml")

@@ -98,6 +98,7 @@ def train_and_evaluate(
 ) -> dict[str, Any]:
     """One run in its own process: RL with `preset` and `seed`, then the held-out evaluation."""
     from toolpolicy.eval.run import evaluate
+    from toolpolicy.report.run_files import read_metrics
     from toolpolicy.trainer.rl import train_rl
     from toolpolicy.trainer.setup import prepare_run_dir
 
@@ -107,8 +108,10 @@ def train_and_evaluate(
     began = time.perf_counter()
     final = train_rl(cfg, prepare_run_dir(cfg))
     summary = evaluate(cfg, final, "final", run_dir, gate=False)  # what the policy does with nothing stopping it
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward"] for r in rows if r.get("phase") == "rl"]
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if rows is None:
+        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'}: RL wrote no metrics")
+    rewards = [r["reward"] for r in rows if r["phase"] == "rl"]
     return {
         "preset": preset,
         "seed": seed,
