@@ -16,7 +16,7 @@ import pytest
 from toolpolicy.envs import make_env
 from toolpolicy.envs.hotel import POLICY_FILE, ExpertStyle, HotelEnv, ScriptedUser, scenario_text
 from toolpolicy.envs.hotel.database import build_database, canonical_hash, fresh_copy, seed_database
-from toolpolicy.envs.hotel.tasks import CATEGORY, TASKS_PER_DATABASE, plan_calls
+from toolpolicy.envs.hotel.tasks import ASK_IDENTITY, CATEGORY, TASKS_PER_DATABASE, plan_calls
 from toolpolicy.envs.hotel.tools import booking_facts, make_tools
 from toolpolicy.gate import Gate, Ledger, Policy
 from toolpolicy.model import make_template
@@ -350,6 +350,22 @@ def test_smoke_imperfect_expert_breaks_the_policy_and_the_gate_catches_it(env):
     for e in ungated:  # a forbidden request carried out leaves the database off the goal
         if e.task.info["category"] == "forbidden" and e.outcome["writes"]:
             assert not e.outcome["goal_reached"] and e.outcome["violations"] >= 1
+
+
+def test_expert_slips_on_a_namesake_and_recovers_by_asking(env):
+    tasks = [t for t in env.tasks("train", 80, seed=6) if t.info["identity"] == "by_name"]
+    scripts = [env.expert_turns(t, random.Random(i), ExpertStyle(violation=0.0, guess=0.0, slip=1.0))
+               for i, t in enumerate(tasks)]
+    episodes = run(env, tasks, scripts, gate=True)
+    assert tasks and [task_success(e) for e in episodes] == [1.0] * len(tasks)
+    for task, episode in zip(tasks, episodes):
+        verified = [m.content for m in episode.messages if m.role == "tool" and "verified" in m.content]
+        assert verified == ["not verified: details do not match", f"verified {task.info['guest']}"]
+        wrong = next(m.tool_calls[0].arguments["guest"] for m in episode.messages if m.tool_calls and m.tool_calls[0].name == "verify")
+        assert wrong in task.info["namesakes"] and wrong != task.info["guest"]
+        assert ASK_IDENTITY in [m.content for m in episode.messages if m.role == "assistant"]
+    unslipped = [env.expert_turns(t, random.Random(i), ExpertStyle(violation=0.0, guess=0.0)) for i, t in enumerate(tasks)]
+    assert all(sum(bool(m.tool_calls) and m.tool_calls[0].name == "verify" for m in s) == 1 for s in unslipped)
 
 
 def test_registered_by_name():

@@ -93,6 +93,9 @@ class Config(BaseModel):
     expert_guess: float = Field(0.1, ge=0, le=1)
     """Hotel demonstrator: probability of acting without asking where the answer matters
     (cancelling the first of several bookings, changing dates the guest would decline)."""
+    expert_slip: float = Field(0.0, ge=0, le=1)
+    """Hotel demonstrator: probability, when the guest gave only a name, of verifying a namesake
+    from the lookup list first, then asking the guest for their id after "not verified"."""
 
     # --- RL ----------------------------------------------------------------
     init_from: str = ""

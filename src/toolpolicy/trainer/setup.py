@@ -27,7 +27,7 @@ def limits(cfg: Config) -> Limits:
 # How each environment's imperfect demonstrator is set from the config.
 EXPERT_STYLES: dict[str, Callable[[Config], Any]] = {
     "calc": lambda cfg: calc.ExpertStyle(cfg.expert_tool_on_hard, cfg.expert_tool_on_easy, cfg.expert_malformed),
-    "hotel": lambda cfg: hotel.ExpertStyle(cfg.expert_violation, cfg.expert_guess),
+    "hotel": lambda cfg: hotel.ExpertStyle(cfg.expert_violation, cfg.expert_guess, cfg.expert_slip),
 }
 
 

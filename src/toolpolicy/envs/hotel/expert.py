@@ -9,6 +9,10 @@ instead of asking which, or makes a date change without asking the guest, who wo
 have declined. Only the database check sees those.
 Those flaws are what RL, under the gate and the database check, has to repair.
 
+On another share, where the guest gave only a name, it verifies a namesake from the
+lookup list first, and on "not verified" asks the guest for their id: a slip and its
+recovery, so the model has seen the way back from a wrong pick.
+
 Only assistant messages are returned. Tool results come from running the calls and
 the guest's replies from the session's ScriptedUser, exactly as in RL; the plan's
 questions are the ones that user answers, so a replay never runs out of turns.
@@ -20,7 +24,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from toolpolicy.envs.hotel.tasks import call, say
+from toolpolicy.envs.hotel.tasks import ASK_IDENTITY, call, say
 from toolpolicy.types import Message, Task, ToolCall
 
 
@@ -33,6 +37,9 @@ class ExpertStyle:
     guess: float = 0.1
     """Probability of acting without asking where the answer matters: cancelling the first of
     several bookings instead of asking which, or changing dates the guest would have declined."""
+    slip: float = 0.0
+    """Probability, when the guest gave only a name, of first verifying a namesake from the lookup
+    list, then asking the guest for their id after "not verified"."""
 
 
 def _is_call(step: dict[str, Any], *names: str) -> bool:
@@ -76,6 +83,13 @@ def _unasked(task: Task, plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*kept, call("reschedule", booking=bid, start=check_in, end=check_out), say(f"Done, {bid} is moved.")]
 
 
+def _slipped(task: Task, plan: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """The plan with a namesake verified first and, after "not verified", the guest asked who they are."""
+    at = next(i for i, step in enumerate(plan) if _is_call(step, "verify"))
+    wrong = dict(plan[at]["call"]["arguments"], guest=rng.choice(task.info["namesakes"]))
+    return [*plan[:at], call("verify", **wrong), say(ASK_IDENTITY), *plan[at:]]
+
+
 def expert_turns(task: Task, rng: random.Random, style: ExpertStyle) -> list[Message]:
     """The demonstrator's assistant messages for `task`, in order (see the module docstring)."""
     plan = list(task.info["plan"])
@@ -83,5 +97,8 @@ def expert_turns(task: Task, rng: random.Random, style: ExpertStyle) -> list[Mes
         plan = _broken(task, plan, rng)
     elif rng.random() < style.guess and task.info["kind"] in ("which_booking", "change_declined"):
         plan = _unasked(task, plan)
+    named = task.info["identity"] == "by_name" and task.info.get("namesakes") and _is_call(plan[0], "lookup")
+    if style.slip and named and rng.random() < style.slip:  # no draw when off: older checkpoints replay exactly
+        plan = _slipped(task, plan, rng)
     return [Message("assistant", "", (ToolCall(s["call"]["name"], dict(s["call"]["arguments"])),)) if "call" in s
             else Message("assistant", s["say"]) for s in plan]

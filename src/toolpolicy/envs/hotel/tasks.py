@@ -246,6 +246,7 @@ def _drafts_on(database: int, n: int, rng: random.Random) -> list[tuple[str, dic
         info = {
             "category": KINDS[name].category, "kind": name, "identity": identity, "guest": b["guest"],
             "first_name": first, "last_name": last, "birth_year": year, "booking": b["id"], "confirm": True,
+            "namesakes": [g for g, (_, other, _) in guests.items() if other == last and g != b["guest"]],
             "plan": plan, "must_say": draft.must_say, "goal_hash": goal_hash(plan, database), "db_seed": database,
             "min_tool_calls": len(plan_calls(plan)), "today": TODAY, **draft.extra,
         }
