@@ -29,10 +29,11 @@ def test_demo_config_points_at_the_shipped_checkpoint():
     assert rendered == expected
 
 
-def assert_made_by(shipped: Path, config: Path, env: str) -> None:
-    """The shipped checkpoint's recorded config has every SFT field of `config`, so
-    `toolpolicy sft CONFIG` remakes it."""
-    made_by, source = load_config(shipped / "toolpolicy-config.yaml"), load_config(config)
+def assert_made_by(shipped: Path, config: Path, env: str, **changes: object) -> None:
+    """The shipped checkpoint's recorded config has every SFT field of `config` (with
+    `changes`), so `toolpolicy sft CONFIG --set FIELD=VALUE ...` remakes it."""
+    made_by = load_config(shipped / "toolpolicy-config.yaml")
+    source = load_config(config).model_copy(update=changes)
     sft_fields = [name for name in type(source).model_fields
                   if name.startswith(("sft_", "expert_", "max_")) or name in ("env", "seed", "vocab_size", "tokenizer_texts")]
     assert made_by.env == env
@@ -43,14 +44,16 @@ def test_demo_config_remakes_the_shipped_checkpoint():
     assert_made_by(ROOT / "checkpoints" / "calc-sft", default_config_path(), env="calc")
 
 
-def test_hotel_configs_point_at_the_shipped_hotel_checkpoint():
+def test_hotel_configs_point_at_the_shipped_hotel_checkpoints():
     from toolpolicy.envs import HotelEnv
 
     configs = ROOT / "src" / "toolpolicy" / "configs"
-    ablation = load_config(configs / "ablation_hotel.yaml")
-    shipped = ROOT / ablation.init_from
+    shipped = ROOT / "checkpoints" / "hotel-sft"
     assert (shipped / "model.safetensors").is_file(), f"{shipped} is missing: run the hotel sft command in README.md"
     assert_made_by(shipped, configs / "hotel.yaml", env="hotel")
+    ablation = load_config(configs / "ablation_hotel.yaml")  # the earlier cold start: fewer policy breaks
+    assert ablation.expert_violation != load_config(configs / "hotel.yaml").expert_violation
+    assert_made_by(ROOT / ablation.init_from, configs / "hotel.yaml", env="hotel", expert_violation=ablation.expert_violation)
     model, tokenizer = load_policy(shipped)
     assert (model.config.hidden_size, model.config.num_hidden_layers) == (ablation.hidden_size, ablation.layers)
     env = HotelEnv()
