@@ -48,14 +48,14 @@ def test_hotel_configs_point_at_the_shipped_hotel_checkpoints():
     from toolpolicy.envs import HotelEnv
 
     configs = ROOT / "src" / "toolpolicy" / "configs"
+    hotel, ablation = load_config(configs / "hotel.yaml"), load_config(configs / "ablation_hotel.yaml")
     shipped = ROOT / "checkpoints" / "hotel-sft"
     assert (shipped / "model.safetensors").is_file(), f"{shipped} is missing: run the hotel sft command in README.md"
     assert_made_by(shipped, configs / "hotel.yaml", env="hotel")
-    ablation = load_config(configs / "ablation_hotel.yaml")  # the earlier cold start: fewer policy breaks
-    assert ablation.expert_violation != load_config(configs / "hotel.yaml").expert_violation
+    assert ablation.expert_violation != hotel.expert_violation  # the ablation's is the earlier cold start
     assert_made_by(ROOT / ablation.init_from, configs / "hotel.yaml", env="hotel", expert_violation=ablation.expert_violation)
     model, tokenizer = load_policy(shipped)
-    assert (model.config.hidden_size, model.config.num_hidden_layers) == (ablation.hidden_size, ablation.layers)
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (hotel.hidden_size, hotel.layers)
     env = HotelEnv()
     task = env.tasks("eval", 1, seed=0)[0]
     ids = tokenizer(f"{task.info['last_name']}, born {task.info['birth_year']}")["input_ids"]
