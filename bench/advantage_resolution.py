@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from toolpolicy.algorithms import gdpo_advantages, grpo_advantages
-from toolpolicy.model import load_policy
+from toolpolicy.model import PolicyModel
 from toolpolicy.rewards import Rubric
-from toolpolicy.trainer.config import load_config
-from toolpolicy.trainer.setup import make_engine, wrap_policy
+from toolpolicy.config import load_config
+from toolpolicy.build import build_engine
 
 ROOT = Path(__file__).parent.parent
 
@@ -36,8 +36,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "advantage_resolution.json"))
     args = parser.parse_args()
     cfg = load_config(ROOT / "src/toolpolicy/configs/demo.yaml", ["run_dir=/tmp/advantage-resolution"])
-    policy = wrap_policy(*load_policy(ROOT / "checkpoints/calc-sft"))
-    with make_engine(cfg, policy, torch.Generator().manual_seed(0)) as engine:
+    policy = PolicyModel.load(ROOT / "checkpoints/calc-sft")
+    with build_engine(cfg, policy, torch.Generator().manual_seed(0), cfg.temperature) as engine:
         tasks = engine.env.tasks("train", args.groups, seed=123)
         trajectories = engine.run([t for t in tasks for _ in range(cfg.group_size)], progress="rollouts")
         rubric = Rubric.from_weights(engine.env.default_rewards)

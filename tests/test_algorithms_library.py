@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from toolpolicy.algorithms import (
-    ADVANTAGES,
     AGGREGATIONS,
+    ESTIMATORS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     PRESETS,
-    advantage_from_components,
+    Algorithm,
     aggregate_loss,
     apply_preset,
     broadcast_turns,
@@ -26,19 +26,20 @@ from toolpolicy.algorithms import (
     kl_k1,
     kl_k2,
     kl_k3,
-    mask_truncated,
-    outcome_turn_advantages,
-    overlong_filter,
     ppo_clip_loss,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
     sequence_log_ratio,
-    soft_overlong_penalty,
     turn_advantages,
     turn_rewards,
+    varied_batch,
+    varied_components,
+    varied_groups,
+    varied_returns,
     void_turn_filter,
 )
+from toolpolicy.rewards import soft_overlong_penalty
 from toolpolicy.rewards.tool_efficiency import eapo_reward, otc_reward, otc_tool_score
 from toolpolicy.rollout.trajectory import Trajectory
 from toolpolicy.types import Episode, Event, Task
@@ -81,12 +82,41 @@ def test_reinforce_pp_baseline_group_mean_then_batch_std():
     assert torch.allclose(adv, torch.tensor([1.118034, -1.118034, -1.118034, 1.118034, 0.0, 0.0]), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_every_estimator_has_the_common_signature(name):
-    adv = ADVANTAGES[name](torch.tensor([1, 0, 0, 1]), 2)  # int rewards are accepted too
+    estimator = ESTIMATORS[name]
+    components = torch.tensor([[1, 0], [0, 0], [0, 1], [1, 1]])  # int rewards are accepted too
+    adv = estimator.advantages(components, torch.tensor([1.0, 0.5]), 2)
     assert adv.shape == (4,) and adv.dtype == torch.float32 and not adv.isnan().any()
+    assert estimator.signal(components.float(), torch.tensor([1.0, 0.5]), 2).shape == (2,)
     with pytest.raises(ValueError):
-        ADVANTAGES[name](torch.tensor([1.0, 0.0, 1.0]), 2)
+        estimator.advantages(torch.tensor([[1.0], [0.0], [1.0]]), torch.tensor([1.0]), 2)
+
+
+def test_each_estimator_keeps_the_groups_it_learns_from():
+    # Totals [1, 1 | 0, 1 | 0, 0] (one column, weight 1).
+    totals = torch.tensor([[1.0], [1.0], [0.0], [1.0], [0.0], [0.0]])
+    one = torch.tensor([1.0])
+    # A per-group baseline learns only from the group that varies.
+    assert varied_groups(totals[:, 0], 2).tolist() == [False, True, False]
+    for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"):
+        assert ESTIMATORS[name].signal(totals, one, 2).tolist() == [False, True, False], name
+    # REINFORCE++'s baseline is the batch mean (4/6): the all-right group gets +0.33 / std and
+    # the all-wrong one -0.67 / std, so every group learns; a constant batch teaches nothing.
+    assert ESTIMATORS["reinforce_pp"].signal(totals, one, 2).tolist() == [True, True, True]
+    assert ESTIMATORS["reinforce_pp"].advantages(totals, one, 2)[:2].gt(0).all()
+    assert varied_batch(torch.ones(4), 2).tolist() == [False, False]
+    # GDPO: components (correct, excess calls) with weights (1, -0.5). Group 0 is
+    # [1, 2] and [0, 0]: totals 1 - 1 = 0 and 0 tie, but both components vary, so GDPO learns
+    # (correct -> [+0.71, -0.71], calls -> [+0.71, -0.71] * -0.5: A = [+0.35, -0.35] before
+    # batch norm) where GRPO's totals say nothing. Group 1 differs only in a weight-0 metric column.
+    components = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    weights = torch.tensor([1.0, -0.5, 0.0])
+    assert ESTIMATORS["grpo"].signal(components, weights, 2).tolist() == [False, False]
+    assert ESTIMATORS["gdpo"].signal(components, weights, 2).tolist() == [True, False]
+    assert varied_components(components, weights, 2).tolist() == [True, False]
+    raw = gdpo_advantages(components, weights, 2, batch_norm=False)
+    assert torch.allclose(raw, torch.tensor([S - 0.5 * S, -S + 0.5 * S, 0.0, 0.0]), atol=1e-5)
 
 
 # ---------------------------------------------------------------- GDPO
@@ -102,7 +132,7 @@ def test_grpo_collapses_distinct_reward_combinations():
     # GRPO on totals: group 0 [0, 2] -> centred [-1, 1], std sqrt(2) -> [-0.7071, 0.7071];
     # group 1 [0, 1] -> [-0.5, 0.5], std sqrt(0.5) -> [-0.7071, 0.7071]. Both reward
     # combinations (both rewards vs one) get the SAME advantage.
-    adv = advantage_from_components("grpo")(COMPONENTS, WEIGHTS, 2)
+    adv = ESTIMATORS["grpo"].advantages(COMPONENTS, WEIGHTS, 2)
     assert torch.allclose(adv, torch.tensor([-S, S, -S, S]), atol=1e-5)
 
 
@@ -114,7 +144,7 @@ def test_gdpo_separates_them():
     assert torch.allclose(raw, torch.tensor([-2 * S, 2 * S, -S, S]), atol=1e-5)
     # Batch norm: mean 0, sum of squares 2 + 2 + 0.5 + 0.5 = 5, unbiased var 5/3, std 1.290994:
     # 1.4142 / 1.290994 = 1.095445, 0.7071 / 1.290994 = 0.547723. The 2:1 ratio survives.
-    adv = advantage_from_components("gdpo")(COMPONENTS, WEIGHTS, 2)
+    adv = ESTIMATORS["gdpo"].advantages(COMPONENTS, WEIGHTS, 2)
     assert torch.allclose(adv, torch.tensor([-1.095445, 1.095445, -0.547723, 0.547723]), atol=1e-5)
     assert adv[1] > adv[3] > 0
 
@@ -125,12 +155,14 @@ def test_gdpo_weight_zero_component_is_a_metric():
     assert torch.allclose(raw, torch.tensor([-S, S, -S, S]), atol=1e-5)
 
 
-def test_advantage_from_components_sums_for_scalar_estimators_and_rejects_unknown():
+def test_scalar_estimators_run_on_the_weighted_sum_and_unknown_names_are_rejected():
     # rloo on totals [0, 2 | 0, 1]: [-2, 2, -1, 1].
-    adv = advantage_from_components("rloo")(COMPONENTS, WEIGHTS, 2)
+    adv = ESTIMATORS["rloo"].advantages(COMPONENTS, WEIGHTS, 2)
     assert adv.tolist() == [-2.0, 2.0, -1.0, 1.0]
     with pytest.raises(ValueError, match="gdpo"):
-        advantage_from_components("ppo")
+        Algorithm.named("ppo", "token", "k3", "token_mean")
+    with pytest.raises(ValueError, match="sequence"):
+        Algorithm.named("grpo", "word", "k3", "token_mean")
     with pytest.raises(ValueError):
         gdpo_advantages(COMPONENTS, torch.tensor([1.0]), 2)
 
@@ -138,16 +170,21 @@ def test_advantage_from_components_sums_for_scalar_estimators_and_rejects_unknow
 # ---------------------------------------------------------------- turn-level credit
 
 
-def test_turn_rewards_from_events_with_recovery():
-    # turn 0: invalid call (-0.1); turn 1: clean call (+0.1) after a failed turn (+0.2 recovery);
-    # turn 2: final answer, outcome 1.0 -> [-0.1, 0.3, 1.0].
+def test_turn_rewards_from_events():
+    # turn 0: invalid call (-0.1); turn 1: clean call (+0.1); turn 2: final answer, outcome 1.0
+    # -> [-0.1, 0.1, 1.0].
     weights = {"tool_call": 0.1, "invalid_call": -0.1}
-    rewards = turn_rewards(3, [(0, "invalid_call"), (1, "tool_call")], weights, outcome=1.0, recovery_bonus=0.2)
-    assert rewards == pytest.approx([-0.1, 0.3, 1.0])
-    # A call that ran next to one that failed in the same turn is no recovery: [-0.1, 0.0, 0.0].
-    mixed = turn_rewards(3, [(0, "tool_error"), (1, "tool_call"), (1, "invalid_call")], weights, 0.0, 0.2)
-    assert mixed == pytest.approx([0.0, 0.0, 0.0])  # tool_error has no weight; turn 1: 0.1 - 0.1
+    rewards = turn_rewards(3, [(0, "invalid_call"), (1, "tool_call")], weights, outcome=1.0)
+    assert rewards == pytest.approx([-0.1, 0.1, 1.0])
+    mixed = turn_rewards(3, [(0, "tool_error"), (1, "tool_call"), (1, "invalid_call"), (7, "tool_call")], weights, 0.0)
+    assert mixed == pytest.approx([0.0, 0.0, 0.0])  # tool_error has no weight; turn 1: 0.1 - 0.1; turn 7 is outside
     assert turn_rewards(0, [], weights, 1.0) == []
+
+
+def test_varied_returns_finds_groups_whose_turns_differ():
+    # Group 0: [0.1, 1] and [1] -> returns (gamma 1) [1.1, 1] and [1]: they differ although both
+    # episodes succeeded. Group 1: [1] and [1]: nothing to learn.
+    assert varied_returns([[0.1, 1.0], [1.0], [1.0], [1.0]], 2, 1.0).tolist() == [True, False]
 
 
 def test_discounted_returns_by_hand():
@@ -170,10 +207,6 @@ def test_turn_advantages_normalise_returns_within_the_group():
     assert adv[0] == [0.0] and adv[1] == [0.0]
     with pytest.raises(ValueError):
         turn_advantages([[1.0]] * 3, group_size=2)
-
-
-def test_outcome_broadcast_repeats_the_scalar_per_turn():
-    assert outcome_turn_advantages(torch.tensor([0.5, -0.5]), [2, 1]) == [[0.5, 0.5], [-0.5]]
 
 
 def test_broadcast_turns_by_hand():
@@ -356,19 +389,12 @@ def test_kl_estimators_by_hand():
 
 def test_soft_overlong_penalty_dapo_formula():
     # L_max 20, L_cache 4: expected length 16. 10, 16 -> 0; 18 -> (16 - 18) / 4 = -0.5;
-    # 20 -> -1; 21 (past the budget) -> -1.
-    penalty = soft_overlong_penalty(torch.tensor([10, 16, 18, 20, 21]), max_length=20, buffer=4)
-    assert penalty.tolist() == [0.0, 0.0, -0.5, -1.0, -1.0]
-    assert soft_overlong_penalty(torch.tensor([19, 20, 21]), 20, 0).tolist() == [0.0, 0.0, -1.0]
+    # 19 -> -0.75; 20 -> -1; 21 (past the budget) -> -1.
+    penalty = [soft_overlong_penalty(n, max_length=20, buffer=4) for n in (10, 16, 18, 19, 20, 21)]
+    assert penalty == [0.0, 0.0, -0.5, -0.75, -1.0, -1.0]
+    assert [soft_overlong_penalty(n, 20, 0) for n in (19, 20, 21)] == [0.0, 0.0, -1.0]
     with pytest.raises(ValueError):
-        soft_overlong_penalty(torch.tensor([1]), 20, 21)
-
-
-def test_overlong_filter_and_truncated_mask():
-    assert overlong_filter(torch.tensor([5, 19, 20]), 20).tolist() == [True, True, False]
-    loss_mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
-    masked = mask_truncated(loss_mask, torch.tensor([False, True, False]))
-    assert masked.tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 1.0]]
+        soft_overlong_penalty(1, 20, 21)
 
 
 def test_void_turn_filter():
@@ -389,7 +415,7 @@ def test_first_groups_caps_the_refill():
 def test_presets_cover_the_issue_and_name_real_functions():
     assert set(PRESETS) == {"grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "gdpo", "gtpo", "otc"}
     for name, knobs in PRESETS.items():
-        advantage_from_components(knobs["advantage"])  # raises if unknown
+        assert knobs["advantage"] in ESTIMATORS, name
         assert knobs["aggregation"] in AGGREGATIONS, name
         assert knobs["ratio_level"] in POLICY_LOSSES, name
         assert knobs["kl_estimator"] in KL_ESTIMATORS, name
@@ -408,3 +434,21 @@ def test_explicit_knobs_win_over_the_preset():
     assert PRESETS["dapo"]["clip_high"] == 0.28  # the table itself is not modified
     with pytest.raises(ValueError, match="dapo"):
         apply_preset("ppo", {})
+
+
+def test_the_algorithm_objective_wires_loss_kl_and_aggregation_by_hand():
+    algorithm = Algorithm.named(
+        "grpo", "token", "k1", "token_mean", clip_low=0.2, clip_high=0.2, dual_clip=None, beta=0.5, norm_length=10
+    )
+    # Ratio 1 (logprobs == old), A = 2: the surrogate is -2 on both tokens. k1 = lp - ref = [1, -5],
+    # times beta 0.5 -> [-1.5, -4.5]. Only token 0 is masked in: token_mean = -1.5 / 1.
+    # The KL stat is the masked sum: 1.
+    zeros = torch.zeros(1, 2)
+    loss, stats = algorithm.objective(zeros, zeros, torch.tensor([2.0]), torch.tensor([[1.0, 0.0]]),
+                                      torch.tensor([[-1.0, 5.0]]), total_tokens=1.0, total_sequences=1.0)
+    assert loss.item() == pytest.approx(-1.5) and stats["kl_sum"] == 1.0 and stats["clip_fraction"] == 0.0
+    # beta 0: the KL is measured, not in the loss; no reference: no KL stat at all.
+    no_kl = Algorithm.named("grpo", "token", "k1", "token_mean", clip_low=0.2, clip_high=0.2, dual_clip=None, beta=0.0, norm_length=10)
+    loss, stats = no_kl.objective(zeros, zeros, torch.tensor([2.0]), torch.tensor([[1.0, 0.0]]), torch.tensor([[-1.0, 5.0]]), 1.0, 1.0)
+    assert loss.item() == pytest.approx(-2.0) and stats["kl_sum"] == 1.0
+    assert "kl_sum" not in no_kl.objective(zeros, zeros, torch.tensor([2.0]), torch.ones(1, 2), None, 2.0, 1.0)[1]

@@ -112,11 +112,25 @@ def test_never_raises_on_text_with_tags(text: str) -> None:
     assert all(len(error.raw) <= 200 for error in turn.errors)
 
 
+CALL_ERROR_KINDS = {"unclosed_tag", "bad_json", "not_an_object", "missing_name", "bad_arguments", "too_long"}
+"""Every kind a CallError may have (types.CallError)."""
+
+
 @given(st.text(alphabet='{}[]":,0123456789.eE+-tfnul\\ \n', max_size=200))
 def test_never_raises_on_json_like_garbage(body: str) -> None:
-    parse_assistant(f"<tool_call>{body}</tool_call>")
-    parse_assistant(f'<tool_call>{{"name": "a", "arguments": {body}}}</tool_call>')
-    parse_assistant(f'<tool_call>{{"name": "a", "arguments": {json.dumps(body)}}}</tool_call>')
+    """Garbage in a block neither raises nor vanishes: the one block becomes exactly one
+    call (with object arguments) or one error of a known kind, and none of it leaks into
+    the content (the alphabet has no '<', so the body cannot close the block early)."""
+    for text in (
+        f"<tool_call>{body}</tool_call>",
+        f'<tool_call>{{"name": "a", "arguments": {body}}}</tool_call>',
+        f'<tool_call>{{"name": "a", "arguments": {json.dumps(body)}}}</tool_call>',
+    ):
+        turn = parse_assistant(text)
+        assert turn.content == ""
+        assert len(turn.tool_calls) + len(turn.errors) == 1
+        assert all(isinstance(call.arguments, dict) and call.name for call in turn.tool_calls)
+        assert all(error.kind in CALL_ERROR_KINDS and error.message for error in turn.errors)
 
 
 @given(st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=4), st.data())

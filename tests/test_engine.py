@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from toolpolicy.chat import HermesTemplate
 from toolpolicy.envs import CalcEnv
 from toolpolicy.envs.calc import ExpertStyle
-from toolpolicy.model import codec, load_policy, make_template
+from toolpolicy.model import codec, load_policy, make_template, pad_id
 from toolpolicy.model.embedded import train_tokenizer
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, ScriptedBackend
+from toolpolicy.rollout.backends import Generation, GenRequest
 from toolpolicy.trainer.batch import collate, forward_logprobs
-from toolpolicy.trainer.setup import char_codec
+from toolpolicy.model import char_codec
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
 from toolpolicy.gate import Gate, Policy
 from toolpolicy.rewards import policy_violation
@@ -289,3 +292,211 @@ def test_each_episode_gets_its_own_session_and_its_outcome():
     assert first.episode.messages[-1].content == "yes"
     assert third.episode.outcome == {} and "database copy vanished" in third.episode.infra_error
     assert first.episode.to_dict()["outcome"] == {"hits": 2}
+
+
+# ---- contracts 1 and 2 on the shipped BPE tokenizers ------------------------------------
+#
+# A one-character-per-token codec cannot tell "kept the sampled ids" from "decoded and
+# re-tokenized them": both give the same ids. A real BPE can. These tests use the
+# tokenizers of the shipped checkpoints (trained on calc and hotel text).
+
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def calc_bpe():
+    return AutoTokenizer.from_pretrained(CHECKPOINTS / "calc-sft")
+
+
+@pytest.fixture(scope="module")
+def hotel_bpe():
+    return AutoTokenizer.from_pretrained(CHECKPOINTS / "hotel-sft")
+
+
+class ReplayIds:
+    """A backend that "samples" fixed token ids with made-up log-probs (one episode),
+    and keeps every request so a test can see what it was asked to continue."""
+
+    def __init__(self, turns: list[tuple[list[int], list[float]]]) -> None:
+        self.turns = list(turns)
+        self.requests: list[list[int]] = []  # the prefix of each request, copied when asked
+
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        self.requests.extend(list(r.ids) for r in requests)
+        return [Generation(*self.turns.pop(0), finished=True) for _ in requests]
+
+
+def unmerged_split(tokenizer, word: str) -> tuple[int, int]:
+    """Two vocabulary ids whose texts concatenate to `word`, a word the tokenizer itself
+    encodes as one other id: a split it never produces, but a model may sample."""
+    encode, decode = codec(tokenizer)
+    (merged,) = encode(word)
+    by_text = {decode([i]): i for i in range(len(tokenizer))}
+    for k in range(1, len(word)):
+        a, b = by_text.get(word[:k]), by_text.get(word[k:])
+        if a is not None and b is not None and merged not in (a, b):
+            return a, b
+    raise AssertionError(f"no two-token split of {word!r} in this vocabulary")
+
+
+def with_split(tokenizer, text: str, word: str) -> list[int]:
+    """`text` tokenized, except that `word` is the two ids of `unmerged_split`."""
+    encode, _ = codec(tokenizer)
+    i = text.index(word)
+    return encode(text[:i]) + list(unmerged_split(tokenizer, word)) + encode(text[i + len(word) :])
+
+
+def test_sampled_ids_survive_unchanged_on_a_real_bpe(calc_bpe):
+    """Contract 1 with a split the tokenizer never makes ("calculato"+"r", "Ans"+"wer"):
+    the ids stay as sampled through the engine (across an observation) and collate."""
+    encode, decode = codec(calc_bpe)
+    call_ids = with_split(calc_bpe, TEMPLATE.render_assistant(GOOD), "calculator")
+    answer_ids = with_split(calc_bpe, TEMPLATE.render_assistant(ANSWER), "Answer")
+    for ids, message in ((call_ids, GOOD), (answer_ids, ANSWER)):
+        assert decode(ids) == TEMPLATE.render_assistant(message)
+        assert encode(decode(ids)) != ids, "re-tokenizing must differ, or this test proves nothing"
+    call_logp = [-0.01 * (k + 1) for k in range(len(call_ids))]
+    answer_logp = [-1.5 - 0.02 * k for k in range(len(answer_ids))]
+    backend = ReplayIds([(call_ids, call_logp), (answer_ids, answer_logp)])
+    env = CalcEnv()
+    engine = RolloutEngine(env, TEMPLATE, encode, decode, backend, Limits(max_tokens=4000, max_turn_tokens=400))
+    (trajectory,) = engine.run(env.tasks("train", 1, seed=3))
+
+    # The turns were understood: the split call ran, the split answer ended the episode.
+    episode = trajectory.episode
+    assert [m.role for m in episode.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert episode.messages[3].content == "84" and episode.messages[4].content == "Answer: 84"
+
+    ids, mask, logp, p = trajectory.token_ids, trajectory.loss_mask, trajectory.logprobs, trajectory.prompt_len
+    prompt = encode(TEMPLATE.render_prompt(env.initial_messages(episode.task), env.tools.specs()))
+    assert ids[:p] == prompt
+    first = (p, p + len(call_ids))
+    second = (len(ids) - len(answer_ids), len(ids))
+    assert trajectory.turn_spans == [first, second]
+    for (start, end), turn, turn_logp in ((first, call_ids, call_logp), (second, answer_ids, answer_logp)):
+        assert ids[start:end] == turn
+        assert mask[start:end] == [1] * len(turn)
+        assert logp[start:end] == turn_logp
+    # Between the turns: only the new observation, tokenized on its own with the template's framing.
+    assert ids[first[1] : second[0]] == encode(TEMPLATE.render_observation([episode.messages[3]]))
+    assert decode(ids) == TEMPLATE.render(episode.messages, env.tools.specs()).removesuffix("\n")
+    assert encode(decode(ids)) != ids
+    # The second turn continued from the sampled ids, not from a re-tokenized history.
+    assert backend.requests == [prompt, ids[: second[0]]]
+    assert backend.requests[1][first[0] : first[1]] == call_ids
+
+    batch = collate([trajectory], pad_id(calc_bpe))
+    assert batch.input_ids[0].tolist() == ids
+    for (start, end), turn, turn_logp in ((first, call_ids, call_logp), (second, answer_ids, answer_logp)):
+        # Position t predicts token t + 1: the turn's targets sit one to the left.
+        assert batch.targets[0, start - 1 : end - 1].tolist() == turn
+        assert batch.loss_mask[0, start - 1 : end - 1].tolist() == [1.0] * len(turn)
+        assert torch.equal(batch.old_logprobs[0, start - 1 : end - 1], torch.tensor(turn_logp, dtype=torch.float32))
+    assert int(batch.loss_mask.sum()) == len(call_ids) + len(answer_ids)
+
+
+def test_padding_is_never_a_sampled_target(calc_bpe):
+    """Contract 2 on padding: two trajectories of different lengths, both ending on a sampled token."""
+    encode, decode = codec(calc_bpe)
+    backend = ScriptedBackend({0: [GOOD, ANSWER], 1: [ANSWER]}, TEMPLATE.render_assistant, encode)
+    engine = RolloutEngine(CalcEnv(), TEMPLATE, encode, decode, backend, Limits(max_tokens=4000, max_turn_tokens=400))
+    long, short = engine.run(CalcEnv().tasks("train", 1, seed=3) * 2)
+    assert len(long.token_ids) > len(short.token_ids)
+    assert long.loss_mask[-1] == short.loss_mask[-1] == 1  # the padding starts right after a sampled token
+    pad = pad_id(calc_bpe)
+    batch = collate([long, short], pad)
+    width = batch.input_ids.shape[1]
+    assert width == len(long.token_ids)
+    for row, trajectory in enumerate((long, short)):
+        n = len(trajectory.token_ids)
+        assert batch.input_ids[row, :n].tolist() == trajectory.token_ids
+        assert batch.input_ids[row, n:].tolist() == [pad] * (width - n)
+        assert batch.attention[row].tolist() == [1] * n + [0] * (width - n)
+        # Targets 0..n-2 are real tokens; from n-1 on every target is padding.
+        assert batch.loss_mask[row].tolist() == [float(m) for m in trajectory.loss_mask[1:]] + [0.0] * (width - n)
+        assert batch.old_logprobs[row, n - 1 :].abs().sum() == 0
+    assert width - len(short.token_ids) > 0
+    target_is_padding = batch.attention[:, 1:] == 0  # [B, L-1]
+    assert int(target_is_padding.sum()) == width - len(short.token_ids)
+    assert not bool((batch.loss_mask.bool() & target_is_padding).any())
+
+
+def test_gate_denial_observation_has_loss_mask_zero(calc_bpe):
+    """Contract 2 on gate messages: the denial the model reads is never trained on."""
+    policy = Policy.from_dict(
+        {"default": "allow", "rules": [{"id": "no-powers", "effect": "forbid", "tools": ["calculator"],
+                                        "when": 'args.expression.contains("**")', "reason": "powers are not allowed",
+                                        "hint": "multiply instead"}]},
+        "test-policy",
+    )
+    env = CalcEnv()
+    encode, decode = codec(calc_bpe)
+    power = Message("assistant", "", (ToolCall("calculator", {"expression": "2 ** 10"}),))
+    backend = ScriptedBackend({0: [power, GOOD, ANSWER]}, TEMPLATE.render_assistant, encode)
+    limits = Limits(max_tokens=4000, max_turn_tokens=400)
+    with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits, Gate(policy, env.tools)) as engine:
+        (trajectory,) = engine.run(env.tasks("train", 1, seed=3))
+    episode = trajectory.episode
+    assert [e.kind for e in episode.events] == ["gate_deny", "tool_call"]
+    denial = episode.messages[3]
+    assert denial.role == "tool" and "no-powers" in denial.content
+
+    # Lay the tokens out from the template, not from what the engine reports.
+    ids, mask, logp = trajectory.token_ids, trajectory.loss_mask, trajectory.logprobs
+    p = len(encode(TEMPLATE.render_prompt(env.initial_messages(episode.task), env.tools.specs())))
+    turn = encode(TEMPLATE.render_assistant(power))
+    observation = encode(TEMPLATE.render_observation([denial]))
+    start, end = p + len(turn), p + len(turn) + len(observation)
+    assert trajectory.prompt_len == p and ids[p:start] == turn and ids[start:end] == observation
+    assert ids[end : end + len(encode(TEMPLATE.render_assistant(GOOD)))] == encode(TEMPLATE.render_assistant(GOOD))
+    text = decode(ids[start:end])
+    assert "<tool_response>" in text and "rule no-powers" in text and "powers are not allowed" in text
+
+    assert mask[:p] == [0] * p
+    assert mask[p:start] == [1] * len(turn)
+    assert mask[start:end] == [0] * len(observation)
+    assert logp[start:end] == [0.0] * len(observation)
+    assert trajectory.turn_spans[:2] == [(p, start), (end, end + len(encode(TEMPLATE.render_assistant(GOOD))))]
+
+
+def test_simulated_user_turn_has_loss_mask_zero(hotel_bpe):
+    """Contract 2 on user-simulator turns: the hotel guest answers a question; that answer,
+    like the prompt and the tool output, has mask 0; the desk's turns around it have mask 1."""
+    from toolpolicy.envs.hotel import HotelEnv
+    from toolpolicy.envs.hotel.tasks import ASK_IDENTITY
+
+    env = HotelEnv()
+    task = next(t for t in env.tasks("train", 100, seed=1) if t.info["identity"] == "asked")
+    info = task.info
+    ask = Message("assistant", ASK_IDENTITY)
+    verify = Message("assistant", "", (ToolCall("verify", {"guest": info["guest"], "surname": info["last_name"],
+                                                          "year": info["birth_year"]}),))
+    bye = Message("assistant", "Thank you, you are verified.")
+    encode, decode = codec(hotel_bpe)
+    backend = ScriptedBackend({0: [ask, verify, bye]}, TEMPLATE.render_assistant, encode)
+    limits = Limits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
+    with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits) as engine:
+        (trajectory,) = engine.run([task])
+    episode = trajectory.episode
+    assert [m.role for m in episode.messages] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
+    reply, tool_result = episode.messages[3], episode.messages[5]
+    assert reply.content == f"{info['guest']}, {info['last_name']}, {info['birth_year']}."
+
+    # Expected layout from the template: prompt, ask, guest reply, verify call, tool result, bye.
+    prompt = encode(TEMPLATE.render_prompt(env.initial_messages(task), env.tools.specs()))
+    pieces = [
+        (prompt, 0),
+        (encode(TEMPLATE.render_assistant(ask)), 1),
+        (encode(TEMPLATE.render_observation([reply])), 0),
+        (encode(TEMPLATE.render_assistant(verify)), 1),
+        (encode(TEMPLATE.render_observation([tool_result])), 0),
+        (encode(TEMPLATE.render_assistant(bye)), 1),
+    ]
+    assert trajectory.token_ids == [i for ids, _ in pieces for i in ids]
+    assert trajectory.loss_mask == [m for ids, m in pieces for _ in ids]
+    user_start = len(pieces[0][0]) + len(pieces[1][0])
+    user_turn = trajectory.token_ids[user_start : user_start + len(pieces[2][0])]
+    assert f"<|im_start|>user\n{reply.content}<|im_end|>" in decode(user_turn)
+    assert trajectory.loss_mask[user_start : user_start + len(user_turn)] == [0] * len(user_turn)
+    assert trajectory.loss_mask[user_start - 1] == 1 and trajectory.loss_mask[user_start + len(user_turn)] == 1
+    assert trajectory.prompt_len == len(prompt) and sum(trajectory.loss_mask[: len(prompt)]) == 0

@@ -7,9 +7,10 @@ import math
 import pytest
 
 import toolpolicy.eval.metrics
-from toolpolicy.eval.metrics import EpisodeRecord, pass_at_k, pass_hat_k, summarize
+import toolpolicy.report.comparison
+from toolpolicy.eval.metrics import MAX_PASS_K, EpisodeRecord, pass_at_k, pass_hat_k, summarize
 from toolpolicy.types import Episode, Event, Message, Task
-from toolpolicy.report import format_summary
+from toolpolicy.report import format_comparison, format_summary
 
 
 @pytest.mark.parametrize(
@@ -89,10 +90,12 @@ def test_summarize_uneven_trials_and_infra_exclusion():
     assert summary["invalid_call_rate"] == pytest.approx(2 / 8)  # 2 invalid / (6 valid + 2 invalid)
     assert summary["truncated_rate"] == pytest.approx(1 / 6)
     assert summary["tokens_per_episode"] == pytest.approx(900 / 6)
-    # fewest trials per task is 2, so k in {1, 2}.
+    # k = 1, 2 average over both tasks; k = 3, 4 over task a alone (b has 2 scored trials).
     # pass@1: mean(2/4, 2/2) = 0.75. pass@2: mean(5/6, 1) = 11/12. pass^2: mean(1/6, 1) = 7/12.
-    assert summary["pass_at_k"] == pytest.approx({"1": 0.75, "2": 11 / 12})
-    assert summary["pass_hat_k"] == pytest.approx({"1": 0.75, "2": 7 / 12})
+    # pass@3 = 1 - C(2,3)/C(4,3) = 1, pass@4 = 1; pass^3 = C(2,3)/C(4,3) = 0, pass^4 = 0.
+    assert summary["pass_at_k"] == pytest.approx({"1": 0.75, "2": 11 / 12, "3": 1.0, "4": 1.0})
+    assert summary["pass_hat_k"] == pytest.approx({"1": 0.75, "2": 7 / 12, "3": 0.0, "4": 0.0})
+    assert summary["pass_k_tasks"] == {"1": 2, "2": 2, "3": 1, "4": 1}
 
     easy, hard = summary["by_difficulty"]["easy"], summary["by_difficulty"]["hard"]
     assert list(summary["by_difficulty"]) == ["easy", "hard"]
@@ -112,7 +115,55 @@ def test_summarize_empty_and_all_infra():
         summary = summarize(records)
         assert summary["n"] == 0 and summary["accuracy"] == 0.0
         assert summary["pass_at_k"] == {} and summary["by_difficulty"] == {}
+        assert summary["pass_k_tasks"] == {}
     assert summarize([record("a", "easy", True, infra=True)])["infra_errors"] == 1
+
+
+def test_an_infra_failed_trial_keeps_pass_hat_4_for_the_other_tasks():
+    # Three tasks, 4 trials each; task c's fourth trial hit an infrastructure error.
+    records = [
+        *(record("a", "easy", ok) for ok in (True, True, True, True)),  # a: 4 of 4
+        *(record("b", "easy", ok) for ok in (True, True, True, False)),  # b: 3 of 4
+        *(record("c", "easy", ok) for ok in (True, True, True)),  # c: 3 of 3 scored
+        record("c", "easy", False, infra=True),  # excluded, not a failure
+    ]
+    summary = summarize(records)
+    # k = 1..3 cover all three tasks, k = 4 only a and b.
+    assert summary["pass_k_tasks"] == {"1": 3, "2": 3, "3": 3, "4": 2}
+    # pass^1 = mean(4/4, 3/4, 3/3) = 2.75/3
+    # pass^2 = mean(C(4,2)/C(4,2), C(3,2)/C(4,2), C(3,2)/C(3,2)) = mean(1, 3/6, 1) = 2.5/3
+    # pass^3 = mean(C(4,3)/C(4,3), C(3,3)/C(4,3), C(3,3)/C(3,3)) = mean(1, 1/4, 1) = 2.25/3 = 0.75
+    # pass^4 = mean(C(4,4)/C(4,4), C(3,4)/C(4,4)) = mean(1, 0) = 0.5: c is left out, not scored 0
+    assert summary["pass_hat_k"] == pytest.approx({"1": 2.75 / 3, "2": (1 + 0.5 + 1) / 3, "3": 0.75, "4": 0.5})
+    # pass@k: b fails once, so any 2+ of its 4 trials include a success; pass@1 = pass^1.
+    assert summary["pass_at_k"] == pytest.approx({"1": 2.75 / 3, "2": 1.0, "3": 1.0, "4": 1.0})
+    assert summary["infra_errors"] == 1
+    assert format_summary(summary).count("(2 of 3 tasks)") == 2  # pass@4 and pass^4, nothing else
+    assert "pass^4 (2 of 3 tasks)" in format_summary(summary) and "pass^3 (" not in format_summary(summary)
+
+
+def test_pass_k_coverage_counts_tasks_with_at_least_k_trials():
+    # trials per task: a 1, b 2, c 2, d 5; all correct, so every pass figure is 1.
+    records = [record(t, "easy", True) for t, n in (("a", 1), ("b", 2), ("c", 2), ("d", 5)) for _ in range(n)]
+    summary = summarize(records)
+    # k=1: a b c d; k=2: b c d; k=3..5: d.
+    assert summary["pass_k_tasks"] == {"1": 4, "2": 3, "3": 1, "4": 1, "5": 1}
+    assert summary["pass_hat_k"] == pytest.approx({str(k): 1.0 for k in range(1, 6)})
+    assert summary["by_difficulty"]["easy"]["pass_k_tasks"] == summary["pass_k_tasks"]
+    # capped at MAX_PASS_K trials however many a task has
+    many = summarize([record("a", "easy", True) for _ in range(MAX_PASS_K + 3)])
+    assert list(many["pass_k_tasks"]) == [str(k) for k in range(1, MAX_PASS_K + 1)]
+
+
+def test_pass_coverage_in_a_before_after_table():
+    before = {"pass_hat_k": {"4": 0.5}, "pass_k_tasks": {"1": 60, "4": 59}}
+    after = {"pass_hat_k": {"4": 0.6}, "pass_k_tasks": {"1": 60, "4": 60}}
+    assert "pass^4 (59 of 60 / 60 of 60 tasks)" in format_comparison(before, after)
+    assert "pass^4 (59 of 60 tasks)" in format_comparison(before, before)
+    full = format_comparison(after, after)
+    assert "pass^4 " in full and "of 60" not in full  # every task covered: no note
+    assert "pass^4 " in format_comparison({"pass_hat_k": {"4": 0.5}}, after)  # older evals lack the counts
+    assert doctest.testmod(toolpolicy.report.comparison).failed == 0
 
 
 def test_record_from_episode():

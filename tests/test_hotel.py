@@ -8,7 +8,6 @@ import random
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,15 @@ from toolpolicy.envs.hotel import POLICY_FILE, ExpertStyle, HotelEnv, ScriptedUs
 from toolpolicy.envs.hotel.database import build_database, canonical_hash, fresh_copy, seed_database
 from toolpolicy.envs.hotel.tasks import ASK_IDENTITY, CATEGORY, TASKS_PER_DATABASE, plan_calls
 from toolpolicy.envs.hotel.tools import booking_facts, make_tools
+from toolpolicy.eval.metrics import EpisodeRecord, summarize
 from toolpolicy.gate import Gate, Ledger, Policy
 from toolpolicy.model import make_template
 from toolpolicy.rewards import (
     Rubric, facts_communicated, goal_state, policy_violation, task_success, violations_run, wrong_state_writes,
 )
 from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend
-from toolpolicy.trainer.setup import char_codec
-from toolpolicy.types import Episode, Message, Task, ToolCall
+from toolpolicy.model import char_codec
+from toolpolicy.types import Episode, Message, Task, ToolCall, ToolResult
 
 TEMPLATE = make_template(compact=True)
 LIMITS = Limits(max_turns=12, max_tokens=6000, max_turn_tokens=400)
@@ -59,18 +59,21 @@ def verify_turn(task: Task) -> Message:
     return calls("verify", guest=info["guest"], surname=info["last_name"], year=info["birth_year"])
 
 
-def run(env: HotelEnv, tasks: list[Task], scripts: list[list[Message]], gate: bool, limits: Limits = LIMITS) -> list[Episode]:
-    """Replay scripted assistant turns through the real engine, with or without the hotel gate."""
+def run(env: HotelEnv, tasks: list[Task], scripts: list[list[Message]], gate: bool, limits: Limits = LIMITS,
+        enforce: bool = True) -> list[Episode]:
+    """Replay scripted assistant turns through the real engine, with or without the hotel gate
+    (enforce=False: the gate in shadow mode, deciding every call but running denied ones)."""
     encode, decode = char_codec()
     backend = ScriptedBackend(dict(enumerate(scripts)), TEMPLATE.render_assistant, encode)
-    with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits, Gate(env.policy, env.tools) if gate else None) as engine:
+    hotel_gate = Gate(env.policy, env.tools, enforce=enforce) if gate else None
+    with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits, hotel_gate) as engine:
         return [t.episode for t in engine.run(tasks)]
 
 
 # ---- database -------------------------------------------------------------------------
 
 
-def test_seed_is_deterministic_and_copies_are_private_and_fast():
+def test_seed_is_deterministic_and_copies_are_private():
     a, b = sqlite3.connect(":memory:"), sqlite3.connect(":memory:")
     build_database(a, 0), build_database(b, 0)
     assert canonical_hash(a) == canonical_hash(b) == canonical_hash(seed_database(0))
@@ -82,11 +85,6 @@ def test_seed_is_deterministic_and_copies_are_private_and_fast():
     copy.execute("UPDATE bookings SET status = 'cancelled'")
     assert canonical_hash(copy) != canonical_hash(seed_database(0))
     assert canonical_hash(fresh_copy(0)) == canonical_hash(seed_database(0))  # the seed is untouched
-
-    start = time.perf_counter()
-    for _ in range(50):
-        fresh_copy(0).close()
-    assert (time.perf_counter() - start) / 50 < 0.010
 
 
 def test_hash_ignores_free_text_and_row_ids_but_not_amounts():
@@ -121,9 +119,20 @@ def test_tools_record_facts_and_do_not_enforce_the_policy(train_tasks):
 
 
 def test_impossible_operations_are_tool_errors():
+    """Bad input is the model's fault (ToolError -> "tool_error", the episode goes on), never
+    an infra error that would drop the episode from training and from pass^k."""
     tools = make_tools(fresh_copy(0))
-    assert tools.call(ToolCall("read", {"booking": "B1"})).error == "tool_error"
-    assert tools.call(ToolCall("reschedule", {"booking": "B101", "start": "June 3", "end": "2025-06-05"})).error == "tool_error"
+    real, = seed_database(0).execute("SELECT id FROM bookings ORDER BY id LIMIT 1").fetchone()
+    assert tools.call(ToolCall("read", {"booking": "B1"})) == ToolResult("Error: no booking B1", "tool_error")
+    assert tools.call(ToolCall("reschedule", {"booking": real, "start": "June 3", "end": "2025-06-05"})) == ToolResult(
+        "Error: 'June 3' is not a date like 2025-06-10", "tool_error")
+    assert tools.call(ToolCall("reschedule", {"booking": real, "start": "2025-06-05", "end": "2025-06-05"})) == ToolResult(
+        "Error: end must be after start", "tool_error")
+    assert tools.call(ToolCall("cancel", {"booking": "B1"})) == ToolResult("Error: no booking B1", "tool_error")
+    assert tools.call(ToolCall("message", {"guest": "G1", "text": "hi"})) == ToolResult("Error: no guest G1", "tool_error")
+    # past SQLite's 64-bit integers the insert itself would raise OverflowError (an infra error)
+    too_much = tools.call(ToolCall("refund", {"booking": real, "amount": 2**63}))
+    assert too_much == ToolResult(f"Error: amount {2**63} is too large", "tool_error")
     db = fresh_copy(0)
     tools = make_tools(db)
     taken = db.execute("SELECT a.id, b.check_in, b.check_out FROM bookings a JOIN bookings b ON a.room_id = b.room_id "
@@ -315,6 +324,55 @@ def test_skipping_verification_is_a_violation_with_the_gate_off_too(env, train_t
     assert rubric.score(ungated).total == pytest.approx(1.0 - 0.5)  # right state, but rules broken
 
 
+def test_a_write_before_verification_is_denied_and_counted_with_the_gate_on(env, train_tasks):
+    """The gate-on guarantee with a violation actually attempted (an eval of a model that
+    happens to break no rule checks it vacuously): the call is denied, does not run, and
+    counts as a violation that never ran."""
+    task = task_of(train_tasks, "cancel_late")  # forbidden: the right final state is the untouched database
+    booking = task.info["booking"]
+    assert task.info["goal_hash"] == canonical_hash(seed_database(task.info["db_seed"]))
+    script = [calls("cancel", booking=booking), says("Sorry, I cannot cancel it.")]  # no verify, no read
+
+    (episode,) = run(env, [task], [script], gate=True)
+    denial = Gate(env.policy, env.tools).evaluate(ToolCall("cancel", {"booking": booking}), Ledger())
+    assert denial.rule_ids == ("verify-first", "read-before-write")
+    assert [e.kind for e in episode.events] == ["gate_deny"]  # no tool_call event: nothing ran
+    assert episode.denials_by_rule() == {"verify-first": 1, "read-before-write": 1}
+    tool_messages = [m for m in episode.messages if m.role == "tool"]
+    assert [(m.name, m.content) for m in tool_messages] == [("cancel", denial.observation())]
+    assert "verify-first" in tool_messages[0].content
+    # the cancel never ran: no write, and the database still hashes like the seed
+    assert episode.outcome["writes"] == 0 and episode.outcome["goal_reached"] and episode.infra_error is None
+    assert policy_violation(episode) == 1.0 and violations_run(episode) == 0.0
+
+    # the same episode with the gate in shadow mode: decided the same, counted, and run
+    (shadow,) = run(env, [task], [script], gate=True, enforce=False)
+    assert [e.kind for e in shadow.events] == ["violation", "tool_call"]
+    assert shadow.denials_by_rule() == {"verify-first": 1, "read-before-write": 1}
+    assert [m.content for m in shadow.messages if m.role == "tool"][0].startswith(f"cancelled {booking}, refunded ")
+    assert shadow.outcome["writes"] == 1 and not shadow.outcome["goal_reached"]  # the late cancellation happened
+    assert policy_violation(shadow) == 1.0 and violations_run(shadow) == 1.0  # once, not once per counter
+
+
+def test_a_bug_inside_a_hotel_tool_is_an_infra_error_not_a_failure(env, train_tasks, monkeypatch):
+    """DESIGN contract 4 end to end: the engine marks the episode infra_error and the metrics
+    exclude it, while a bad booking id in the same place stays the model's tool_error."""
+    task = task_of(train_tasks, "cancel")
+    booking = task.info["booking"]
+    bad_id = [verify_turn(task), calls("read", booking="B1"), says("Sorry.")]  # no gate: B1 reaches the tool
+    (model_fault,) = run(env, [task], [bad_id], gate=False)
+    assert model_fault.infra_error is None and [e.kind for e in model_fault.events] == ["tool_call", "tool_error"]
+
+    def booking_line(connection, booking_id):
+        raise AttributeError("'NoneType' object has no attribute 'status'")
+
+    monkeypatch.setattr("toolpolicy.envs.hotel.tools.booking_line", booking_line)
+    (broken,) = run(env, [task], [[verify_turn(task), calls("read", booking=booking), says("Done.")]], gate=False)
+    assert broken.infra_error is not None and "Internal error in tool 'read': AttributeError" in broken.infra_error
+    summary = summarize([EpisodeRecord.from_episode(e, task_success(e) == 1.0, 0) for e in (model_fault, broken)])
+    assert summary["infra_errors"] == 1 and summary["n"] == 1 and summary["accuracy"] == 0.0
+
+
 def test_hitting_the_turn_limit_scores_zero(env, train_tasks):
     task = task_of(train_tasks, "cancel")
     script = [verify_turn(task), calls("read", booking=task.info["booking"]), calls("cancel", booking=task.info["booking"])]
@@ -415,6 +473,8 @@ def test_cli_sft_then_eval_with_gate_off_and_on(tmp_path: Path, capsys) -> None:
         assert summary["n"] + summary["infra_errors"] == 12 and summary["policy"].endswith("policy.yaml")
         assert set(summary["pass_hat_k"]) == {"1", "2"} and "by_category" in summary
         assert {"violations_per_episode", "wrong_writes_per_episode", "tokens_per_episode"} <= set(summary)
+        # The tiny model may attempt no violation, making these hold trivially; the scripted
+        # test_a_write_before_verification_is_denied_and_counted_with_the_gate_on attempts one.
         if name == "eval-gate-on":  # the gate stops every call that would break the policy
             assert summary["violations_run_per_episode"] == 0 and summary["denials_per_episode"] == summary["violations_per_episode"]
         else:

@@ -9,7 +9,7 @@ import yaml
 from toolpolicy.envs import CalcEnv
 from toolpolicy.model import load_policy, make_template
 from toolpolicy.demo import default_config_path
-from toolpolicy.trainer.config import load_config
+from toolpolicy.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,13 +1,15 @@
-"""@tool schema derivation and its loud failures, ToolSet error handling, and the calculator's limits."""
+"""@tool schema derivation and its loud failures, ToolSet error handling (whose fault), and the calculator's limits."""
 
 from __future__ import annotations
 
+import doctest
 from typing import Literal, Optional
 
 import pytest
 from pydantic import ValidationError
 
-from toolpolicy.tools import Tool, ToolSet, calculator, tool
+import toolpolicy.tools.toolset
+from toolpolicy.tools import Tool, ToolError, ToolSet, calculator, tool
 from toolpolicy.types import ToolCall, ToolResult, ToolSpec
 
 
@@ -177,12 +179,12 @@ def test_decorator_fails_loudly() -> None:
 
 @tool
 def explode(reason: str) -> str:
-    """Always fail.
+    """Always refuse the call, the model's fault.
 
     Args:
         reason: What to say.
     """
-    raise RuntimeError(reason)
+    raise ToolError(reason)
 
 
 @tool
@@ -251,7 +253,79 @@ def test_invalid_arguments_name_the_argument() -> None:
 
 
 def test_tool_error() -> None:
-    assert TOOLS.call(ToolCall("explode", {"reason": "boom"})) == ToolResult("RuntimeError: boom", "tool_error")
+    assert TOOLS.call(ToolCall("explode", {"reason": "boom"})) == ToolResult("Error: boom", "tool_error")
+
+
+RATES = {"USD": 1.0}
+
+
+@tool
+def convert(amount: float, currency: str) -> float:
+    """Convert an amount to US dollars.
+
+    Args:
+        amount: The amount.
+        currency: Its currency code.
+    """
+    if len(currency) != 3:
+        raise ToolError(f"{currency!r} is not a currency code like EUR")
+    return amount * RATES[currency]  # bug: a valid code missing from the table raises KeyError
+
+
+@tool
+def broken(kind: Literal["attribute", "value", "unprintable"]) -> str:
+    """Fail the way a bug in our own code does.
+
+    Args:
+        kind: Which bug.
+    """
+    if kind == "attribute":
+        return None.upper()  # type: ignore[attr-defined]
+    if kind == "value":
+        return str(int("twelve"))  # ValueError from inside the tool: not the model's by default
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    raise Unprintable
+
+
+def test_a_bug_inside_a_tool_is_an_infra_error_naming_the_tool_and_exception() -> None:
+    tools = ToolSet([convert, broken])
+    assert tools.call(ToolCall("convert", {"amount": 2, "currency": "USD"})) == ToolResult("2.0")
+    assert tools.call(ToolCall("convert", {"amount": 2, "currency": "EUR"})) == ToolResult(
+        "Internal error in tool 'convert': KeyError: 'EUR'. This is a fault in the tool, not in the call.", "infra"
+    )
+    attribute = tools.call(ToolCall("broken", {"kind": "attribute"}))
+    assert attribute.error == "infra" and attribute.content.startswith("Internal error in tool 'broken': AttributeError: ")
+    value = tools.call(ToolCall("broken", {"kind": "value"}))
+    assert value.error == "infra" and value.content.startswith("Internal error in tool 'broken': ValueError: ")
+    unprintable = tools.call(ToolCall("broken", {"kind": "unprintable"}))
+    assert unprintable == ToolResult(
+        "Internal error in tool 'broken': Unprintable: <unprintable error>. This is a fault in the tool, not in the call.",
+        "infra",
+    )
+    assert doctest.testmod(toolpolicy.tools.toolset).failed == 0
+
+
+def test_a_deliberate_tool_error_is_the_models_with_its_message() -> None:
+    result = ToolSet([convert]).call(ToolCall("convert", {"amount": 2, "currency": "euro"}))
+    assert result == ToolResult("Error: 'euro' is not a currency code like EUR", "tool_error")
+
+    class Refused(ToolError):
+        """A tool's own kind of refusal is still the model's."""
+
+    @tool
+    def strict(text: str) -> str:
+        """Refuse everything.
+
+        Args:
+            text: Anything.
+        """
+        raise Refused(f"not {text}")
+
+    assert ToolSet([strict]).call(ToolCall("strict", {"text": "this"})) == ToolResult("Error: not this", "tool_error")
 
 
 def test_output_is_truncated_and_says_so() -> None:
@@ -259,8 +333,8 @@ def test_output_is_truncated_and_says_so() -> None:
     assert small.call(ToolCall("echo", {"text": "x", "times": 50})) == ToolResult("x" * 50)
     assert small.call(ToolCall("echo", {"text": "x", "times": 80})) == ToolResult("x" * 50 + "... [truncated 30 chars]")
     # Error text is bounded the same way: an exception message can be as long as any output.
-    failed = small.call(ToolCall("explode", {"reason": "y" * 100}))
-    assert failed == ToolResult("RuntimeError: " + "y" * 36 + "... [truncated 64 chars]", "tool_error")
+    failed = small.call(ToolCall("explode", {"reason": "y" * 100}))  # "Error: " + 100 chars = 107, 57 over
+    assert failed == ToolResult("Error: " + "y" * 43 + "... [truncated 57 chars]", "tool_error")
 
 
 # --- calculator -------------------------------------------------------------------------
@@ -323,10 +397,11 @@ def test_calculator_values(expression: str, expected: str) -> None:
     ],
 )
 def test_calculator_limits_become_tool_errors(expression: str, reason: str) -> None:
-    with pytest.raises(ValueError, match=reason):
+    with pytest.raises(ToolError, match=reason):
         calculator(expression=expression)
+    # bad input is the model's fault (tool_error), never an infra error that would drop the episode
     result = ToolSet([calculator]).call(ToolCall("calculator", {"expression": expression}))
-    assert result.error == "tool_error" and result.content.startswith("ValueError: ")
+    assert result.error == "tool_error" and result.content.startswith("Error: ")
 
 
 def test_calculator_spec() -> None:

@@ -1,4 +1,5 @@
-"""The algorithm presets and knobs, wired into the RL trainer: each preset trains a step."""
+"""The algorithm presets and knobs, wired into the RL trainer: each preset takes gradient steps;
+the reward matrix, GDPO, turn credit and the filters as the trainer calls them, by hand."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from toolpolicy.algorithms import PRESETS
 from toolpolicy.cli import main
-from toolpolicy.rewards import Rubric
+from toolpolicy.config import ConfigError, load_config
+from toolpolicy.rewards import Rubric, Score
 from toolpolicy.rollout import Trajectory
-from toolpolicy.trainer.config import ConfigError, load_config
-from toolpolicy.trainer.credit import Credit, productive_turns, step_rewards, update_mask
-from toolpolicy.types import Episode, Event, Task
+from toolpolicy.trainer.credit import productive_turns, reward_matrix, update_mask
+from toolpolicy.trainer.rl import algorithm_of, rubric_of
+from toolpolicy.types import Episode, Event, Message, Task
 
 SMOKE = Path(__file__).parent.parent / "src" / "toolpolicy" / "configs" / "smoke.yaml"
 
@@ -28,17 +31,35 @@ def test_a_preset_fills_the_knobs_the_config_leaves_unset() -> None:
         load_config(SMOKE, ["algorithm=ppo"])
     with pytest.raises(ConfigError, match="dual_clip"):
         load_config(SMOKE, ["dual_clip=0.5"])
+    with pytest.raises(ConfigError, match="field 'env'.*unknown environment 'adder'"):
+        load_config(SMOKE, ["env=adder"])
+    with pytest.raises(ConfigError, match="field 'turn_rewards'.*'tool_cal'"):
+        load_config(SMOKE, ["turn_rewards={tool_cal: 0.1}"])
+
+
+CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"  # right on about 65% of tasks
 
 
 @pytest.mark.parametrize("algorithm", sorted(PRESETS))
-def test_every_preset_trains(algorithm: str, smoke_run: Path, tmp_path: Path) -> None:
-    args = ["train", str(SMOKE), "--set", f"init_from={smoke_run / 'sft' / 'final'}", "--set", f"algorithm={algorithm}",
+def test_every_preset_takes_gradient_steps(algorithm: str, tmp_path: Path) -> None:
+    start = CALC_SFT  # a cold start whose groups vary, so every estimator has something to learn from
+    args = ["train", str(SMOKE), "--set", f"init_from={start}", "--set", f"algorithm={algorithm}",
             "--set", "rl_steps=2", "--set", f"run_dir={tmp_path}", "--set", "checkpoint_every=2"]
     assert main(args) == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(abs(r.get("loss", 0.0)) < 1e3 and r["refill_rounds"] <= load_config(tmp_path / "config.yaml").max_refill_rounds for r in rows)
-    assert load_config(tmp_path / "config.yaml").algorithm == algorithm  # the resolved config records it
+    cfg = load_config(tmp_path / "config.yaml")
+    assert cfg.algorithm == algorithm  # the resolved config records it
+    for r in rows:
+        assert r["refill_rounds"] <= cfg.max_refill_rounds
+        assert r["signal_groups"] <= r["kept_groups"]
+        if r["signal_groups"]:  # a kept group with a signal trains: a finite loss, a nonzero gradient
+            assert r["trained_episodes"] > 0 and r["grad_norm"] > 0 and abs(r["loss"]) < 1e3
+            # the update's log-probabilities of the rollout's own tokens: the ratio is 1, nothing is clipped
+            assert abs(r["ratio"] - 1) < 1e-4 and r["ratio_max"] < 1 + 1e-3 and r["clip_frac"] == 0.0
+    assert sum(r["signal_groups"] for r in rows) > 0, "no step of this preset had a group to learn from"
+    before, after = load_file(start / "model.safetensors"), load_file(tmp_path / "rl" / "final" / "model.safetensors")
+    assert any(not torch.equal(before[name], after[name]) for name in before), "the weights did not change"
 
 
 def _trajectory(turn_spans: list[tuple[int, int]], events: list[Event], length: int, truncated: bool = False) -> Trajectory:
@@ -51,22 +72,67 @@ def _trajectory(turn_spans: list[tuple[int, int]], events: list[Event], length: 
 
 def test_turn_credit_lands_on_each_turns_tokens_and_filters_apply() -> None:
     cfg = load_config(SMOKE, ["algorithm=gtpo", "group_size=2", "turn_gamma=1.0", "mask_truncated=true"])
+    _, credit, filters = algorithm_of(cfg)
     calls = [Event("tool_call", 0, "calculator")]
     good = _trajectory([(3, 5), (7, 9)], calls, 10)  # calls on turn 0, answers on turn 1
     void = _trajectory([(3, 5), (7, 9)], [], 10, truncated=True)  # turn 0 did nothing, then cut off
-    from toolpolicy.rewards import Score
-
+    rubric = Rubric.from_weights({"correct_answer": 1.0})
     scores = [Score(1.0, {"correct_answer": 1.0}), Score(0.0, {"correct_answer": 0.0})]
     usable = torch.tensor([True, True])
-    rewards = step_rewards([good, void], scores, usable, cfg)
-    advantages = Credit(cfg, Rubric.from_weights({"correct_answer": 1.0}))([good, void], scores, rewards, usable)
+    rewards, weights = reward_matrix(rubric, scores, usable, 2)
+    advantages = credit.advantages([good, void], rewards, weights, 2)
     assert advantages.shape == (2, 9)
-    # returns: good (0.1 + 1, 1), void (0, 0): pooled mean 0.525 -> good's turns positive, void's negative
-    assert (advantages[0, 2:4] > 0).all() and (advantages[0, 6:8] > 0).all() and (advantages[1, 2:4] < 0).all()
+    # turn rewards: good [0.1, 1] -> returns [1.1, 1]; void [0, 0] -> [0, 0]. Pooled mean 0.525,
+    # unbiased std 0.6076: good's turns (1.1 - 0.525) / 0.6076 = 0.9463 and 0.7817; void's -0.8641.
+    # Position t of the row predicts token t + 1, so turn [3, 5) sits at 2:4 and [7, 9) at 6:8.
+    assert advantages[0, 2:4].tolist() == pytest.approx([0.9463, 0.9463], abs=1e-4)
+    assert advantages[0, 6:8].tolist() == pytest.approx([0.7817, 0.7817], abs=1e-4)
+    assert advantages[1, 2:4].tolist() == pytest.approx([-0.8641, -0.8641], abs=1e-4)
     assert advantages[0, 4:6].abs().sum() == 0  # tool output between the turns gets nothing
+    assert credit.signal([good, void], rewards, weights, 2).tolist() == [True]
     assert productive_turns(good) == [True, True] and productive_turns(void) == [False, False]
-    keep = update_mask([good, void], torch.tensor([True]), torch.tensor([True, True]), cfg)
+    keep = update_mask([good, void], torch.tensor([True]), torch.tensor([True, True]), 2, filters)
     assert keep.tolist() == [True, False]  # the truncated, void episode is left out
+    assert update_mask([good, void], torch.tensor([True]), torch.tensor([True, True]), 2, ()).tolist() == [True, True]
+
+
+def test_gdpo_as_the_trainer_computes_it_by_hand() -> None:
+    """The trainer's path: Rubric scores -> reward matrix (infra-filled) -> GDPO's credit."""
+    cfg = load_config(SMOKE, ["algorithm=gdpo", "group_size=2"])
+    _, credit, _ = algorithm_of(cfg)
+    rubric = Rubric.from_weights({"correct_answer": 1.0, "excess_tool_calls": -0.5, "tool_call_count": 0.0})
+    # Group 0: A right with 2 needless calls (total 0), B wrong with none (total 0): GRPO sees a tie.
+    # Group 1: C right, D right with 1 needless call (totals 1, 0.5). Group 2: E right, F an
+    # infrastructure failure (its row is filled with E's, so the group is constant).
+    rows = [(1, 2, 2), (0, 0, 0), (1, 0, 0), (1, 1, 1), (1, 0, 0), (0, 0, 0)]
+    scores = [Score(c - 0.5 * x, {"correct_answer": c, "excess_tool_calls": x, "tool_call_count": n}) for c, x, n in rows]
+    usable = torch.tensor([True, True, True, True, True, False])
+    rewards, weights = reward_matrix(rubric, scores, usable, 2)
+    assert rewards[5].tolist() == [1.0, 0.0, 0.0] and weights.tolist() == [1.0, -0.5, 0.0]
+    assert (rewards @ weights).tolist() == [0.0, 0.0, 1.0, 0.5, 1.0, 1.0]  # the Rubric totals
+    # Per component within each group (two samples: normalised values are +-0.70711 or 0):
+    #   group 0: correct [1, 0] -> [+s, -s]; excess [2, 0] -> [+s, -s], weight -0.5 -> [-s/2, +s/2]
+    #            sum [s/2, -s/2] = [0.35355, -0.35355]
+    #   group 1: correct [1, 1] -> 0; excess [0, 1] -> [-s, +s] * -0.5 = [0.35355, -0.35355]
+    #   group 2: constant -> [0, 0]. The metric column (weight 0) adds nothing.
+    # Batch norm: mean 0; sum of squares 4 * 0.125 = 0.5; unbiased var 0.5 / 5 = 0.1, std 0.316228:
+    # 0.35355 / 0.316228 = 1.118034.
+    advantages = credit.advantages([_trajectory([(1, 2)], [], 3)] * 6, rewards, weights, 2)
+    assert advantages.tolist() == pytest.approx([1.118034, -1.118034, 1.118034, -1.118034, 0.0, 0.0], abs=1e-5)
+    assert credit.signal([], rewards, weights, 2).tolist() == [True, True, False]
+
+
+def test_the_overlong_penalty_is_a_rubric_term() -> None:
+    cfg = load_config(SMOKE, ["algorithm=dapo", "max_tokens=20", "overlong_buffer=0.2"])
+    rubric = rubric_of(cfg, {"correct_answer": 1.0})
+    assert [(t.name, t.weight) for t in rubric.terms] == [("correct_answer", 1.0), ("overlong", 1.0)]
+    # L_max 20, buffer int(0.2 * 20) = 4: 18 response tokens -> (16 - 18) / 4 = -0.5; right answer 1.
+    episode = Episode(Task("t", "q", "4"), [Message("assistant", "Answer: 4")], response_tokens=18)
+    score = rubric.score(episode)
+    assert score.components == {"correct_answer": 1.0, "overlong": -0.5} and score.total == 0.5
+    assert [t.name for t in rubric_of(load_config(SMOKE, ["algorithm=grpo"]), {"correct_answer": 1.0}).terms] == ["correct_answer"]
+    longer = rubric_of(load_config(SMOKE, ["algorithm=dapo", "max_tokens=20", "overlong_length=40"]), {})
+    assert longer.score(episode).components["overlong"] == 0.0  # L_max 40, buffer 8: 18 is far below 32
 
 
 def test_ablate_runs_presets_and_seeds_and_writes_the_table(smoke_run: Path, tmp_path: Path, capsys) -> None:

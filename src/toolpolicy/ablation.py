@@ -32,7 +32,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from toolpolicy.trainer.config import Config, ConfigError, load_config
+from toolpolicy.config import Config, ConfigError, load_config
 
 FIGURES = (
     ("accuracy", "accuracy", None),
@@ -100,7 +100,7 @@ def train_and_evaluate(
     from toolpolicy.eval.run import evaluate
     from toolpolicy.report.run_files import read_metrics
     from toolpolicy.trainer.rl import train_rl
-    from toolpolicy.trainer.setup import prepare_run_dir
+    from toolpolicy.build import prepare_run_dir
 
     own = [f"algorithm={preset}", f"seed={seed}", f"run_dir={folder}", f"init_from={start}", f"threads={threads}"]
     cfg = load_config(path, [*overrides, *own])

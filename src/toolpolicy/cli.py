@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from toolpolicy.trainer.config import Config, ConfigError, describe_fields, load_config
+from toolpolicy.config import Config, ConfigError, describe_fields, load_config
 
 
 def _with_config(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -107,9 +107,9 @@ def _gate_check(args: argparse.Namespace) -> int:
     try:
         call_args, facts = json.loads(args.args), json.loads(args.state)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--args/--state must be JSON objects: {exc}") from None
+        raise ConfigError(f"--args/--state must be JSON objects: {exc}") from None
     if not isinstance(call_args, dict) or not isinstance(facts, dict):
-        raise ValueError("--args/--state must be JSON objects, such as '{\"path\": \"notes.txt\"}'")
+        raise ConfigError("--args/--state must be JSON objects, such as '{\"path\": \"notes.txt\"}'")
     if args.tools:
         specs = [ToolSpec(s["name"], s.get("description", ""), s["parameters"]) for s in json.loads(Path(args.tools).read_text())]
     else:
@@ -135,7 +135,7 @@ def _gate_serve(args: argparse.Namespace) -> int:
 
     command = args.upstream[1:] if args.upstream[:1] == ["--"] else args.upstream
     if not command:
-        raise ValueError("give the upstream MCP server's command after --, e.g. `-- python server.py`")
+        raise ConfigError("give the upstream MCP server's command after --, e.g. `-- python server.py`")
     upstream = ServerCommand(command[0], tuple(command[1:]), inherit_env=True)
     try:
         policy = Policy.load(args.policy)
@@ -209,7 +209,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     if args.trials is not None:
         if args.trials < 1:
-            raise ValueError(f"--trials must be at least 1, not {args.trials}")
+            raise ConfigError(f"--trials must be at least 1, not {args.trials}")
         args.overrides.append(f"eval_samples={args.trials}")
     cfg = _resolve(args)
     run_dir = Path(cfg.run_dir)
@@ -244,6 +244,14 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean the input is wrong (a config, a policy, a data file, a path), not the code."""
+    from toolpolicy.eval.bfcl import BfclFileError
+    from toolpolicy.gate import PolicyError
+
+    return (ConfigError, PolicyError, BfclFileError, FileNotFoundError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("demo", "sft", "train", "eval", "ablate"):
@@ -268,14 +276,14 @@ def main(argv: list[str] | None = None) -> int:
 
             run_demo(load_config(args.config or default_config_path(), args.overrides))
         elif args.command == "sft":
-            from toolpolicy.trainer.setup import prepare_run_dir
+            from toolpolicy.build import prepare_run_dir
             from toolpolicy.trainer.sft import train_sft
 
             cfg = _resolve(args)
             print(train_sft(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
         elif args.command == "train":
+            from toolpolicy.build import prepare_run_dir
             from toolpolicy.trainer.rl import train_rl
-            from toolpolicy.trainer.setup import prepare_run_dir
 
             cfg = _resolve(args)
             print(train_rl(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
@@ -288,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             presets = [p.strip() for p in args.presets.split(",") if p.strip()]
             table = run_ablation(args.config, args.overrides, presets, seeds, max(1, args.jobs))
             print(table.read_text())
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, _user_errors()):
+            raise  # a bug: its traceback says where
         print(f"toolpolicy {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return 0

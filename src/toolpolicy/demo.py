@@ -13,11 +13,11 @@ import json
 import time
 from pathlib import Path
 
+from toolpolicy.build import prepare_run_dir
 from toolpolicy.eval.run import evaluate
 from toolpolicy.report import format_comparison, write_report
-from toolpolicy.trainer.config import Config
+from toolpolicy.config import Config
 from toolpolicy.trainer.rl import train_rl
-from toolpolicy.trainer.setup import prepare_run_dir
 from toolpolicy.trainer.sft import train_sft
 
 

@@ -153,6 +153,9 @@ class Episode:
     infra_error: str | None = None
     outcome: dict[str, Any] = field(default_factory=dict)
     """What the environment's session reported at the end (e.g. the final database state)."""
+    response_tokens: int = 0
+    """Tokens after the prompt (assistant turns and observations), as the token-level
+    engine counted them; 0 where no token ids exist (a chat-completions endpoint)."""
 
     @property
     def final_text(self) -> str:
@@ -182,4 +185,5 @@ class Episode:
             "truncated": self.truncated,
             "infra_error": self.infra_error,
             "outcome": self.outcome,
+            "response_tokens": self.response_tokens,
         }

@@ -3,16 +3,16 @@
 Samples of one prompt are contiguous in the batch: rewards[g * group_size : (g + 1) * group_size]
 belong to group g, so B = num_groups * group_size.
 
-Every scalar estimator has one signature, `(rewards [B], group_size) -> advantages [B]`,
-and is listed by name in ADVANTAGES; the trainer picks one when it reads the config.
+Every scalar estimator has one signature, `(rewards [B], group_size) -> advantages [B]`.
 GDPO needs the reward components, not their sum, so it takes `(components [B, C],
-weights [C], group_size)`; `advantage_from_components(name)` wraps any estimator into
-that one signature, so the trainer can always pass the Rubric's components and weights.
+weights [C], group_size)`. ESTIMATORS lists each by config name in that one signature
+(scalar ones applied to the weighted sum, `on_total`), with the groups that carry a
+learning signal for it; the trainer picks one when it reads the config.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -154,32 +154,73 @@ def gdpo_advantages(
     return (combined - combined.mean()) / (_std(combined) + eps)  # [B]
 
 
-ADVANTAGES: dict[str, Advantage] = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_pp": reinforce_pp_advantages,
-    "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
-}
-"""Scalar estimators by config name: `(rewards [B], group_size) -> [B]`."""
+def varied_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """True for each group whose rewards are not all equal.   rewards [B] -> [G] bool
 
-
-def advantage_from_components(name: str) -> ComponentAdvantage:
-    """The estimator named `name` as `(components [B, C], weights [C], group_size) -> [B]`.
-
-    "gdpo" normalises per component (`gdpo_advantages`); every name in ADVANTAGES is applied
-    to the weighted sum `components @ weights`, which is exactly the Rubric's total. Call once
-    when the config is read. ValueError lists the valid names.
+    The groups that carry a signal for a per-group baseline (GRPO, Dr.GRPO, RLOO,
+    REINFORCE++-baseline): a group that is all right or all wrong has advantage 0 on every
+    sample and so no gradient. DAPO's dynamic sampling (arXiv 2503.14476, section 3.2)
+    drops such groups and samples more to keep the effective batch size steady.
     """
-    if name == "gdpo":
-        return gdpo_advantages
-    scalar = ADVANTAGES.get(name)
-    if scalar is None:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {sorted([*ADVANTAGES, 'gdpo'])}")
+    grouped = group_view(rewards, group_size)  # [G, group_size]
+    return (grouped != grouped[:, :1]).any(dim=1)  # [G] bool
 
-    def from_sum(components: Tensor, weights: Tensor, group_size: int) -> Tensor:
-        rewards = _float(components) @ weights.to(_float(components).dtype)  # [B]
-        return scalar(rewards, group_size)  # [B]
 
-    from_sum.__doc__ = f"{name} on the weighted sum of the reward components (see {scalar.__name__})."
-    return from_sum
+def varied_batch(rewards: Tensor, group_size: int) -> Tensor:
+    """Every group, if the batch's rewards are not all equal; else none.   rewards [B] -> [G] bool
+
+    The groups that carry a signal for REINFORCE++ (arXiv 2501.03262): its baseline is the
+    batch mean, so a group that is all right still gets a positive advantage when other
+    groups did worse. Only a batch with one reward value everywhere teaches nothing.
+    """
+    grouped = group_view(rewards, group_size)  # [G, group_size]
+    varied = bool((grouped != grouped.reshape(-1)[0]).any())
+    return torch.full((grouped.shape[0],), varied, dtype=torch.bool)  # [G] bool
+
+
+def varied_components(components: Tensor, weights: Tensor, group_size: int) -> Tensor:
+    """True for each group where some weighted reward component varies.   [B, C], [C] -> [G] bool
+
+    The groups that carry a signal for GDPO (arXiv 2601.05242), which normalises each
+    component within its group: samples whose weighted totals tie (one right with a
+    needless call, one wrong without) still differ in their components and still learn.
+    A weight-0 component (a metric) contributes nothing, so it does not count.
+    """
+    grouped = components.reshape(-1, group_size, components.shape[1])  # [G, k, C]
+    differs = (grouped != grouped[:, :1]).any(dim=1)  # [G, C]
+    return (differs & (weights != 0)).any(dim=1)  # [G] bool
+
+
+ComponentSignal = Callable[[Tensor, Tensor, int], Tensor]
+
+
+class Estimator(NamedTuple):
+    """An advantage estimator and the groups that carry a learning signal for it, both on
+    the reward matrix: (components [B, C], weights [C], group_size) -> [B], and -> [G] bool.
+    Each Rubric term is a column; the scalar reward is components @ weights."""
+
+    advantages: ComponentAdvantage
+    signal: ComponentSignal
+
+
+def on_total(scalar: Callable[[Tensor, int], Tensor]) -> Callable[[Tensor, Tensor, int], Tensor]:
+    """A function of the scalar rewards [B] applied to the weighted sum of the components,
+    which is exactly the Rubric's total."""
+
+    def of_total(components: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        values = _float(components)  # [B, C]
+        return scalar(values @ weights.to(values.dtype), group_size)
+
+    of_total.__doc__ = f"{scalar.__name__} on the weighted sum of the reward components."
+    return of_total
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator(on_total(grpo_advantages), on_total(varied_groups)),
+    "dr_grpo": Estimator(on_total(dr_grpo_advantages), on_total(varied_groups)),
+    "rloo": Estimator(on_total(rloo_advantages), on_total(varied_groups)),
+    "reinforce_pp": Estimator(on_total(reinforce_pp_advantages), on_total(varied_batch)),
+    "reinforce_pp_baseline": Estimator(on_total(reinforce_pp_baseline_advantages), on_total(varied_groups)),
+    "gdpo": Estimator(gdpo_advantages, varied_components),
+}
+"""Advantage estimators by config name (`advantage`), each with the groups it learns from."""

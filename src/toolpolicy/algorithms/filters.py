@@ -1,4 +1,4 @@
-"""Sample filters and length shaping: which groups, trajectories and tokens carry a learning signal.
+"""Sample filters: which groups and trajectories the update trains on.
 
 Keep-masks are bool tensors (True = train on it). Filters run AFTER advantages are
 computed, so a dropped sample still counts in its group's baseline.
@@ -9,24 +9,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from toolpolicy.algorithms.advantages import group_view
-
-
-def varied_groups(rewards: Tensor, group_size: int) -> Tensor:
-    """True for each group whose rewards are not all equal.
-
-    DAPO dynamic sampling (arXiv 2503.14476, section 3.2): a group that is all right or all
-    wrong has zero group-relative advantage everywhere and so no gradient; drop it (and
-    sample more) to keep the effective batch size steady.
-    """
-    grouped = group_view(rewards, group_size)  # [G, group_size]
-    return (grouped != grouped[:, :1]).any(dim=1)  # [G] bool
-
 
 def expand_group_mask(group_mask: Tensor, group_size: int) -> Tensor:
     """Repeat a per-group mask [G] to a per-sample mask [G * group_size] (samples of a group contiguous).
 
-    Companion to `varied_groups` (DAPO, arXiv 2503.14476).
+    Companion to the estimators' group signals (`Estimator.signal`; DAPO, arXiv 2503.14476).
     """
     return group_mask.repeat_interleave(group_size)  # [G * group_size]
 
@@ -41,47 +28,6 @@ def first_groups(group_mask: Tensor, limit: int) -> Tensor:
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     return group_mask.bool() & (group_mask.bool().cumsum(dim=0) <= limit)  # [G] bool
-
-
-def overlong_filter(lengths: Tensor, max_length: int) -> Tensor:
-    """Keep-mask of responses that ended before the length budget: lengths < max_length.   [B] -> [B] bool
-
-    DAPO overlong filtering (arXiv 2503.14476, section 3.4): a response cut by the budget is
-    not wrong, only unfinished, so scoring it as wrong is reward noise; its loss is masked.
-    A response of exactly `max_length` tokens counts as cut. When the engine records
-    truncation itself (Episode.truncated: out of turns or tokens), `mask_truncated` uses that.
-    """
-    return lengths < max_length  # [B] bool
-
-
-def soft_overlong_penalty(lengths: Tensor, max_length: int, buffer: int) -> Tensor:
-    """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4, eq. 13), added to the reward.   [B] -> [B]
-
-        R_length(y) = 0                                   if |y| <= L_max - L_cache
-                    = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
-                    = -1                                  if |y| > L_max
-    with L_max = `max_length` and L_cache = `buffer`: the penalty grows linearly from 0 to -1
-    across the last `buffer` tokens of the budget. The paper uses L_max = 20480, L_cache = 4096.
-    buffer = 0 gives no penalty up to the budget and -1 past it.
-    """
-    if buffer < 0 or buffer > max_length:
-        raise ValueError(f"buffer must be in [0, max_length={max_length}], got {buffer}")
-    lengths = lengths.float()  # [B]
-    expected = max_length - buffer
-    ramp = (expected - lengths) / buffer if buffer > 0 else torch.zeros_like(lengths)  # [B]
-    penalty = torch.where(lengths <= expected, torch.zeros_like(lengths), ramp)  # [B]
-    return torch.where(lengths > max_length, torch.full_like(lengths, -1.0), penalty)  # [B]
-
-
-def mask_truncated(loss_mask: Tensor, truncated: Tensor) -> Tensor:
-    """Zero the loss mask of every truncated trajectory.   loss_mask [B, T], truncated [B] bool -> [B, T]
-
-    Truncated-completion masking (TRL `mask_truncated_completions`; the overlong filtering of
-    DAPO, arXiv 2503.14476, section 3.4): an episode cut by max turns or max tokens gives no
-    gradient, so the model is not taught that being cut off is the same as being wrong.
-    """
-    keep = (~truncated.bool()).to(loss_mask.dtype).unsqueeze(1)  # [B, 1]
-    return loss_mask * keep  # [B, T]
 
 
 def void_turn_filter(productive: list[list[bool]]) -> Tensor:

@@ -21,11 +21,10 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)  # []
 
 
-def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor, loss_mask: Tensor | None = None) -> Tensor:
+def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
     """Per-token log importance ratio log(pi / pi_old) = logprobs - old_logprobs.   [B, T]
 
     PPO (arXiv 1707.06347) and GRPO (arXiv 2402.03300) weigh each token by its own ratio.
-    `loss_mask` is unused (same signature as `sequence_log_ratio`).
     """
     return logprobs - old_logprobs.detach()  # [B, T]
 

@@ -2,12 +2,12 @@
 explicitly in the config (or with --set) wins over the preset.
 
 Each preset is only config values, no code: the knobs name functions in the tables
-(ADVANTAGES / advantage_from_components, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS) and
+(ESTIMATORS, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS) and
 filters in filters.py. Values marked "paper" are the paper's; "ours" marks a choice the
 paper does not fix or that our setting (one optimizer step per rollout batch, tiny
 budgets) changes. The knobs:
 
-    advantage         name for advantage_from_components: grpo | dr_grpo | rloo |
+    advantage         key of ESTIMATORS: grpo | dr_grpo | rloo |
                       reinforce_pp | reinforce_pp_baseline | gdpo
     credit            outcome (one advantage per trajectory) | turn (GTPO turn-level credit)
     turn_gamma        discount over turns for credit=turn
@@ -16,9 +16,9 @@ budgets) changes. The knobs:
     aggregation       key of AGGREGATIONS
     beta, kl_estimator (k1 | k2 | k3)
     dynamic_sampling  drop groups whose rewards are all equal (DAPO), refilling up to max_refill_rounds
-    overlong_buffer   fraction of max_tokens in DAPO's soft overlong penalty zone (0 = off)
-    overlong_penalty  weight of that penalty added to the reward
-    mask_truncated    zero the loss of truncated episodes (overlong filtering)
+    overlong_buffer   fraction of overlong_length in DAPO's soft overlong penalty zone (0 = off)
+    overlong_penalty  weight of that penalty, the Rubric term `overlong` (0 = off)
+    mask_truncated    leave truncated episodes out of the update (overlong filtering)
     void_turn_filter  drop trajectories with a void turn (SimpleTIR)
     rewards           (otc only) the reward functions and weights
 """

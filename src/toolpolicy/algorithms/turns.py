@@ -6,7 +6,7 @@ happened in, so nothing here re-parses text. The flow, per step:
 
     turn_rewards(num_turns, [(event.turn, event.kind), ...], weights, outcome)   # per trajectory
     turn_advantages(all_turn_rewards, group_size, gamma)                          # GTPO
-      or outcome_turn_advantages(scalar_advantages, num_turns)                    # plain GRPO, for comparison
+    varied_returns(all_turn_rewards, group_size, gamma)                           # groups with a signal
     broadcast_turns(per_turn_values, turn_spans, len(token_ids)) -> [L]           # per trajectory
 
 The [L] rows align with token_ids; the trainer's targets are shifted by one
@@ -20,40 +20,25 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-ERROR_KINDS = ("invalid_call", "tool_error")
-"""Event kinds that are the model's own call failures (a recovery is a clean call after one)."""
-
 
 def turn_rewards(
     num_turns: int,
     events: Iterable[tuple[int, str]],
     weights: Mapping[str, float],
     outcome: float,
-    recovery_bonus: float = 0.0,
 ) -> list[float]:
     """Per-turn rewards of one trajectory from its events; the outcome reward goes to the last turn.
 
     Turn-level reward assignment as in GTPO (Ding et al., arXiv 2511.14846): r_t = sum of
     `weights[kind]` over the events of turn t (e.g. {"tool_call": 0.1, "invalid_call": -0.1}:
-    a call that parsed and ran vs one that did not), plus `recovery_bonus` on a turn with a
-    clean tool call (a `tool_call` and no error) that follows a turn whose calls failed
-    (`invalid_call` / `tool_error`) - an error recovered from - plus `outcome` on the last turn.
+    a call that parsed and ran vs one that did not), plus `outcome` on the last turn.
     `events` are (turn index, kind) pairs, e.g. [(e.turn, e.kind) for e in episode.events];
     kinds missing from `weights` add 0. Events with a turn outside [0, num_turns) are ignored.
     """
     rewards = [0.0] * num_turns
-    kinds_by_turn: list[set[str]] = [set() for _ in range(num_turns)]
     for turn, kind in events:
         if 0 <= turn < num_turns:
             rewards[turn] += float(weights.get(kind, 0.0))
-            kinds_by_turn[turn].add(kind)
-    failed_before = False
-    for turn, kinds in enumerate(kinds_by_turn):
-        errored = any(kind in ERROR_KINDS for kind in kinds)
-        if failed_before and "tool_call" in kinds and not errored:
-            rewards[turn] += recovery_bonus
-            failed_before = False
-        failed_before = failed_before or errored
     if num_turns:
         rewards[-1] += float(outcome)
     return rewards
@@ -96,13 +81,20 @@ def turn_advantages(
     return out
 
 
-def outcome_turn_advantages(advantages: Sequence[float] | Tensor, num_turns: Sequence[int]) -> list[list[float]]:
-    """The plain outcome advantage repeated on every turn (GRPO's broadcast), for comparison.
+def varied_returns(turn_rewards: list[list[float]], group_size: int, gamma: float = 1.0) -> Tensor:
+    """True for each group whose turns' returns are not all equal.   -> [G] bool
 
-    advantages [B] (one per trajectory, e.g. from ADVANTAGES["grpo"]), num_turns [B] -> ragged [B][turns].
+    The groups that carry a signal for `turn_advantages`: it normalises over every turn's
+    return in the group, so a group learns something when any two returns differ, even if
+    its episodes' outcomes tie (a needless call in one of them, say).
     """
-    values = advantages.tolist() if isinstance(advantages, Tensor) else list(advantages)
-    return [[float(a)] * n for a, n in zip(values, num_turns, strict=True)]
+    if group_size < 1 or len(turn_rewards) % group_size:
+        raise ValueError(f"{len(turn_rewards)} trajectories are not whole groups of {group_size}")
+    out = []
+    for start in range(0, len(turn_rewards), group_size):
+        returns = {g for r in turn_rewards[start : start + group_size] for g in discounted_returns(r, gamma)}
+        out.append(len(returns) > 1)
+    return torch.tensor(out, dtype=torch.bool)  # [G]
 
 
 def broadcast_turns(values: Sequence[float], turn_spans: Sequence[tuple[int, int]], length: int) -> Tensor:

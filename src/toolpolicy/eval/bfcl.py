@@ -28,12 +28,12 @@ import torch
 
 from toolpolicy.chat import parse_assistant
 from toolpolicy.jsonl import read_objects
-from toolpolicy.model import load_policy, make_template
+from toolpolicy.model import PolicyModel, make_template
 from toolpolicy.rewards.bfcl import Expected, call_reward, match_calls
 from toolpolicy.rollout import GenRequest
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, decode_reply
-from toolpolicy.trainer.config import Config
-from toolpolicy.trainer.setup import limits, wrap_policy
+from toolpolicy.config import Config, ConfigError
+from toolpolicy.build import episode_limits, hf_backend
 from toolpolicy.types import Message, ToolCall, ToolSpec
 
 # BFCL writes Python type names in its schemas; models are shown JSON Schema.
@@ -166,14 +166,14 @@ def format_bfcl(summary: dict[str, Any]) -> str:
 
 
 def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
-    endpoint = Endpoint(cfg.endpoint_url, cfg.endpoint_model, cfg.endpoint_api_key_env, cfg.temperature, cfg.endpoint_max_tokens)
+    endpoint = Endpoint(cfg.endpoint_url, cfg.endpoint_model, cfg.endpoint_api_key_env, cfg.eval_temperature, cfg.endpoint_max_tokens)
     client = ChatClient(endpoint)
     out = []
     try:
         for entry in entries:
             wire = [{"role": m.role, "content": m.content} for m in entry.messages]
             reply = client.complete(wire, [spec.to_openai() for spec in entry.specs()])
-            parsed, _ = decode_reply(reply.message, 0, limits(cfg).max_call_chars)
+            parsed, _ = decode_reply(reply.message, 0, episode_limits(cfg).max_call_chars)
             out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
     finally:
         client.close()
@@ -182,10 +182,10 @@ def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCa
 
 def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
     if checkpoint is None:
-        raise ValueError("no model to score: set eval_checkpoint or endpoint_url")
-    policy = wrap_policy(*load_policy(checkpoint))
+        raise ConfigError("no model to score: set eval_checkpoint or endpoint_url")
+    policy = PolicyModel.load(checkpoint)
     template = make_template(cfg.compact_tools_prompt)
-    backend = policy.backend(torch.Generator().manual_seed(cfg.eval_seed), cfg.temperature)
+    backend = hf_backend(policy, torch.Generator().manual_seed(cfg.eval_seed), cfg.eval_temperature)
     requests = [
         GenRequest(i, policy.encode(template.render_prompt(entry.messages, entry.specs())), cfg.max_turn_tokens)
         for i, entry in enumerate(entries)
@@ -193,6 +193,6 @@ def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> 
     out = []
     for generation in backend.generate(requests):
         text = policy.decode(generation.ids)
-        parsed = parse_assistant(text, max_call_chars=limits(cfg).max_call_chars)
+        parsed = parse_assistant(text, max_call_chars=episode_limits(cfg).max_call_chars)
         out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
     return out

@@ -106,18 +106,28 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return max(all_pass, 0.0)
 
 
-def _pass_metrics(records: list[EpisodeRecord]) -> dict[str, dict[str, float]]:
-    """Mean over tasks of pass@k and pass^k for k = 1 .. the fewest trials any task has (at most MAX_PASS_K)."""
+def _pass_metrics(records: list[EpisodeRecord]) -> dict[str, dict[str, Any]]:
+    """pass@k and pass^k for k = 1 .. MAX_PASS_K, each the mean over the tasks with at least
+    k trials, and how many tasks that is ({str(k): tasks} under "pass_k_tasks").
+
+    Each k has its own set of tasks, rather than k stopping at the fewest trials any task
+    has: an infra error removes a trial (contract 4), and one such trial on one task would
+    otherwise remove pass^4 for every task. The count says which figures cover fewer tasks.
+    """
     trials: dict[str, list[bool]] = defaultdict(list)
     for record in records:
         trials[record.task_id].append(record.correct)
-    if not trials:
-        return {"pass_at_k": {}, "pass_hat_k": {}}
-    fewest = min(len(t) for t in trials.values())
-    ks = range(1, min(fewest, MAX_PASS_K) + 1)
-    at_k = {str(k): sum(pass_at_k(len(t), sum(t), k) for t in trials.values()) / len(trials) for k in ks}
-    hat_k = {str(k): sum(pass_hat_k(len(t), sum(t), k) for t in trials.values()) / len(trials) for k in ks}
-    return {"pass_at_k": at_k, "pass_hat_k": hat_k}
+    at_k: dict[str, float] = {}
+    hat_k: dict[str, float] = {}
+    tasks: dict[str, int] = {}
+    for k in range(1, MAX_PASS_K + 1):
+        covered = [t for t in trials.values() if len(t) >= k]
+        if not covered:
+            break
+        at_k[str(k)] = sum(pass_at_k(len(t), sum(t), k) for t in covered) / len(covered)
+        hat_k[str(k)] = sum(pass_hat_k(len(t), sum(t), k) for t in covered) / len(covered)
+        tasks[str(k)] = len(covered)
+    return {"pass_at_k": at_k, "pass_hat_k": hat_k, "pass_k_tasks": tasks}
 
 
 def _rates(records: list[EpisodeRecord]) -> dict[str, Any]:
@@ -159,11 +169,14 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
     tokens_per_episode, denials_per_episode (calls the policy gate denied),
     denials_by_rule ({rule id: denials per episode}), violations_per_episode (attempts),
     violations_run_per_episode (attempts that ran: the gate was off or missed them),
-    wrong_writes_per_episode, pass_at_k and pass_hat_k ({str(k): mean over tasks} for
-    k = 1 .. the fewest trials of any task), by_difficulty ({difficulty: same keys}),
-    by_category (when tasks have a category), infra_errors, wrong_write_examples (the
-    first WRONG_WRITE_EXAMPLES silent wrong writes, for environments that list them). Infra-error records count
-    only in infra_errors: they are excluded, not scored as failures.
+    wrong_writes_per_episode, pass_at_k and pass_hat_k ({str(k): mean over the tasks
+    with at least k scored trials}, for k = 1 .. MAX_PASS_K while some task has k),
+    pass_k_tasks ({str(k): how many tasks that mean covers}; "1" is every task with a
+    scored trial), by_difficulty ({difficulty: same keys}), by_category (when tasks have
+    a category), infra_errors, wrong_write_examples (the first WRONG_WRITE_EXAMPLES
+    silent wrong writes, for environments that list them). Infra-error records count
+    only in infra_errors: they are excluded, not scored as failures, so a task with an
+    infra-failed trial drops out of the largest k only, and pass_k_tasks says so.
     """
     scored = [r for r in records if not r.infra_error]
     by_difficulty: dict[str, list[EpisodeRecord]] = defaultdict(list)

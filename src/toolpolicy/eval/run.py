@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
+from toolpolicy.build import build_engine, build_env, build_gate, episode_limits, policy_path
 from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
-from toolpolicy.model import load_policy
+from toolpolicy.model import PolicyModel
 from toolpolicy.rewards import REWARD_FUNCTIONS, Rubric
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
-from toolpolicy.trainer.config import Config, save_config
-from toolpolicy.trainer.setup import build_env, limits, make_engine, make_gate, policy_path, wrap_policy
+from toolpolicy.config import Config, ConfigError, save_config
 from toolpolicy.types import Episode, Task
 
 
@@ -83,10 +83,10 @@ def _trials(cfg: Config, env: Env) -> list[Task]:
 def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool) -> tuple[Env, list[tuple[Episode, int]]]:
     """The environment, and the episodes of a local model with the tokens each generated after its prompt."""
     if checkpoint is None:
-        raise ValueError("no checkpoint to evaluate: set eval_checkpoint or endpoint_url")
-    policy = wrap_policy(*load_policy(checkpoint))
+        raise ConfigError("no checkpoint to evaluate: set eval_checkpoint or endpoint_url")
+    policy = PolicyModel.load(checkpoint)
     generator = torch.Generator().manual_seed(cfg.eval_seed)
-    with make_engine(cfg, policy, generator, enforce=gate) as engine:
+    with build_engine(cfg, policy, generator, cfg.eval_temperature, enforce=gate) as engine:
         trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}")
     return engine.env, [(t.episode, t.response_len) for t in trajectories]
 
@@ -94,19 +94,19 @@ def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool)
 def _run_endpoint(cfg: Config, name: str, gate: bool) -> tuple[Env, list[tuple[Episode, int]]]:
     """The environment, and the episodes of the model served at cfg.endpoint_url with the completion tokens it reported."""
     if not cfg.endpoint_model:
-        raise ValueError("endpoint_url is set but endpoint_model is empty: name the served model")
+        raise ConfigError("endpoint_url is set but endpoint_model is empty: name the served model")
     env = build_env(cfg)
     endpoint = Endpoint(
         cfg.endpoint_url,
         cfg.endpoint_model,
         api_key_env=cfg.endpoint_api_key_env,
-        temperature=cfg.temperature,
+        temperature=cfg.eval_temperature,
         max_tokens=cfg.endpoint_max_tokens,
         concurrency=cfg.endpoint_concurrency,
     )
     client = ChatClient(endpoint)
     try:
-        with ChatEngine(env, client, limits(cfg), make_gate(cfg, env, enforce=gate)) as engine:
+        with ChatEngine(env, client, episode_limits(cfg), build_gate(cfg, env, enforce=gate)) as engine:
             rollouts = engine.run(_trials(cfg, env), progress=f"eval {name}")
     finally:
         client.close()

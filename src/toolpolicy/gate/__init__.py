@@ -3,20 +3,23 @@
 policy = Policy.load("examples/policies/workspace.yaml")
 gate = Gate(policy, toolset, audit=AuditLog("run/audit.jsonl"))
 ledger = Ledger()                      # one per episode
-decision = gate.decide(call, ledger)   # allow or deny, logged once
-if decision.allowed:
-    result = toolset.call(call); ledger.record(call, "ok" if result.ok else "error")
+admission = admit(gate, ledger, call)  # allow or deny, logged once
+if admission.runs:
+    result = toolset.call(call); settle(ledger, call, result.ok, result.facts)
     text = gate.redact(result.content)
 else:
-    ledger.record(call, "denied"); text = decision.observation()
+    text = admission.decision.observation()
 """
 
-from toolpolicy.gate.audit import AuditError, AuditLog, VerifyResult, generate_keypair, verify
+from toolpolicy.gate.audit import AuditError, AuditLog, VerifyResult, generate_keypair, rewind, verify
 from toolpolicy.gate.decide import Approver, Decision, Gate
+from toolpolicy.gate.gated import MALFORMED_RULES, Admission, admit, settle
 from toolpolicy.gate.ledger import Ledger
 from toolpolicy.gate.policy import Policy, PolicyError, Rule
 
 __all__ = [
+    "MALFORMED_RULES",
+    "Admission",
     "Approver",
     "AuditError",
     "AuditLog",
@@ -27,6 +30,9 @@ __all__ = [
     "PolicyError",
     "Rule",
     "VerifyResult",
+    "admit",
     "generate_keypair",
+    "rewind",
+    "settle",
     "verify",
 ]

@@ -232,6 +232,48 @@ class AuditLog:
         return seq, digest
 
 
+def rewind(path: str | Path, seq: int) -> Path | None:
+    """Cut the log back to its first `seq` records, for a run that resumes from a checkpoint
+    taken when the log ended at `seq`: the decisions after it belong to steps the run will
+    take again, and must not stand twice in the chain.
+
+    Nothing is lost: the cut records move, whole and in order, to `<log>.replayed` (appended
+    to, with a line naming the seq they were cut back to), where `verify` does not look. The
+    log and its head file are rewritten atomically. Returns that file, or None when nothing
+    followed `seq`. AuditError if the log holds fewer than `seq` records or its record
+    `seq` is not where the checkpoint says; run it with no other writer (the caller opens
+    the log only afterwards).
+    """
+    path = Path(path)
+    if not path.exists():
+        if seq:
+            raise AuditError(f"{path}: missing, but the checkpoint was taken at record {seq}")
+        return None
+    lines = path.read_bytes().splitlines(keepends=True)
+    whole = [line for line in lines if line.endswith(b"\n")]
+    if len(whole) < seq:
+        raise AuditError(f"{path}: {len(whole)} records, but the checkpoint was taken at record {seq}")
+    kept, cut = whole[:seq], lines[seq:]
+    digest = ZERO_HASH
+    if kept:
+        last = json.loads(kept[-1])
+        if last.get("seq") != seq:
+            raise AuditError(f"{path}: record {seq} has seq {last.get('seq')}; run `toolpolicy audit verify`")
+        digest = last["hash"]
+    if not cut:
+        return None
+    replayed = path.with_name(path.name + ".replayed")
+    with open(replayed, "ab") as keep:
+        keep.write(json.dumps({"rewound_to_seq": seq}).encode("ascii") + b"\n" + b"".join(cut))
+        keep.flush()
+        os.fsync(keep.fileno())
+    temporary = path.with_name(path.name + ".rewind")
+    temporary.write_bytes(b"".join(kept))
+    os.replace(temporary, path)
+    _write_head(head_path(path), seq, digest, durable=True)
+    return replayed
+
+
 def verify(path: str | Path, public_key: str | Path | Ed25519PublicKey | None = None) -> VerifyResult:
     """Check a log's hash chain, sequence, head file and (given a public key) signatures.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,3 +45,32 @@ def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 def make_template(compact: bool) -> HermesTemplate:
     return HermesTemplate.compact() if compact else HermesTemplate()
+
+
+def char_codec() -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    """Characters as ids: replaying demonstrations with it yields their exact text."""
+    return (lambda text: [ord(c) for c in text]), (lambda ids: "".join(map(chr, ids)))
+
+
+@dataclass
+class PolicyModel:
+    """A model with what the engine and the trainer need around it."""
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+
+    @staticmethod
+    def load(path: str | Path) -> PolicyModel:
+        """The checkpoint at `path` (see `load_policy`) with its codec."""
+        model, tokenizer = load_policy(path)
+        return PolicyModel(model, tokenizer, *codec(tokenizer))
+
+    @property
+    def pad_id(self) -> int:
+        return pad_id(self.tokenizer)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return stop_ids(self.tokenizer)

@@ -9,8 +9,8 @@ itself and forwards tools/list and tools/call. On every tools/call it
    a new pins file after an approval, or `recheck_seconds` since the last listing),
 2. denies a call to a tool whose definition changed since it was pinned
    (rule id `gate:definition_changed`, see pins.py),
-3. asks the gate (`Gate.decide`: policy rules, limits, argument schema) with one
-   Ledger for the whole session,
+3. asks the gate (`gate.admit`, the gated call the rollout engines use too: policy
+   rules, limits, argument schema) with one Ledger for the whole session,
 4. forwards an allowed call and redacts the policy's secret patterns from the result.
 
 Every decision, the pinning denials included, is appended to the audit log once.
@@ -43,7 +43,7 @@ from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 
-from toolpolicy.gate import AuditError, AuditLog, Decision, Gate, Ledger, Policy
+from toolpolicy.gate import AuditError, AuditLog, Decision, Gate, Ledger, Policy, admit, settle
 from toolpolicy.proxy.pins import PinStore, definition
 from toolpolicy.tools.mcp_client import MCPConnection, ServerCommand, failure
 from toolpolicy.types import ToolCall, ToolSpec
@@ -145,24 +145,25 @@ class PolicyProxy:
             self.warn(f"could not re-list the upstream tools: {problem}")
             return _error_result(f"The call was not run: the proxy could not check the MCP server's tools ({problem})")
         try:
-            decision = self._pinning_denial(call)
-            if decision is not None:
-                self.audit.append(decision, call, self.policy.hash)
-            else:
-                assert self.gate is not None
-                decision = self.gate.decide(call, self.ledger)
+            pinned = self._pinning_denial(call)
+            if pinned is not None:
+                self.audit.append(pinned, call, self.policy.hash)
+                self.ledger.record(call, "denied")
+                return _error_result(pinned.observation(), pinned)
+            assert self.gate is not None
+            admission = admit(self.gate, self.ledger, call)
         except AuditError as error:
             self.warn(f"{error}; the call to {name!r} was not run")
             return _error_result("The call was not run: the policy audit log cannot be written.")
-        if not decision.allowed:
-            self.ledger.record(call, "denied")
+        decision = admission.decision
+        if not admission.runs:
             return _error_result(decision.observation(), decision)
         try:
             result = await self.upstream.call_tool(name, arguments, self.call_timeout)
         except Exception as error:  # the upstream's failure, reported to the client as a tool error
-            self.ledger.record(call, "error")
+            settle(self.ledger, call, ok=False)
             return _error_result(f"MCP tool {name} failed: {failure(error)[1]}", decision)
-        self.ledger.record(call, "error" if result.is_error else "ok")
+        settle(self.ledger, call, ok=not result.is_error)
         return redact_result(result, self.policy.redact, decision)
 
     def server(self, instructions: str | None = None) -> Server[Any]:

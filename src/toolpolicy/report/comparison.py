@@ -150,15 +150,50 @@ def policy_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> 
 
 
 def pass_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
-    """pass@k for every k either eval reports, then pass^k ("pass_hat_k") if present."""
+    """pass@k for every k either eval reports, then pass^k ("pass_hat_k") if present.
+
+    A label carries the tasks its k covers when that is fewer than all, e.g.
+    "pass^4 (59 of 60 tasks)": each k is a mean over the tasks with k scored trials, and
+    a task whose trial hit an infrastructure error has one fewer.
+    """
     rows = []
     for key, symbol in (("pass_at_k", "@"), ("pass_hat_k", "^")):
         tables = [(summary or {}).get(key) or {} for summary in (before, after)]
         ks = {str(k) for table in tables if isinstance(table, dict) for k in table}
         for k in sorted(ks, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)):
             b, a = (metric(table, k) if isinstance(table, dict) else None for table in tables)
-            rows.append(Row(f"pass{symbol}{k}", b, a, "rate", +1))
+            rows.append(Row(f"pass{symbol}{k}{coverage_note(before, after, k)}", b, a, "rate", +1))
     return rows
+
+
+def pass_coverage(summary: dict[str, Any] | None, k: str) -> tuple[int, int] | None:
+    """(tasks pass@k and pass^k average over, tasks with any scored trial) from the eval's
+    "pass_k_tasks"; None for an eval that does not report it (written before it existed)."""
+    tasks = (summary or {}).get("pass_k_tasks")
+    if not isinstance(tasks, dict):
+        return None
+    covered, total = metric(tasks, k), metric(tasks, "1")
+    if covered is None or total is None:
+        return None
+    return int(covered), int(total)
+
+
+def coverage_note(before: dict[str, Any] | None, after: dict[str, Any] | None, k: str) -> str:
+    """" (59 of 60 tasks)" when pass@k covers fewer than all tasks of either eval, "" otherwise;
+    " (59 of 60 / 60 of 60 tasks)" (before / after) when the two evals differ.
+
+    >>> coverage_note(None, {"pass_k_tasks": {"1": 60, "4": 59}}, "4")
+    ' (59 of 60 tasks)'
+    >>> coverage_note(None, {"pass_k_tasks": {"1": 60, "4": 60}}, "4")
+    ''
+    """
+    coverages = [pass_coverage(summary, k) for summary in (before, after) if summary is not None]
+    if not any(c is not None and c[0] < c[1] for c in coverages):
+        return ""
+    texts = [f"{c[0]} of {c[1]}" if c is not None else "n/a" for c in coverages]
+    if len(set(texts)) == 1:
+        return f" ({texts[0]} tasks)"
+    return f" ({' / '.join(texts)} tasks)"
 
 
 def detail_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:

@@ -112,7 +112,9 @@ def _pass_at_k(run: RunFiles) -> str:
     if not rows:
         return _not_available("no pass_at_k in the eval files")
     note = ('<p class="muted">pass@k: share of tasks solved by at least one of k attempts'
-            "; pass^k: solved by all k.</p>")
+            "; pass^k: solved by all k. Each k averages over the tasks with k scored attempts"
+            " (an infrastructure error removes one); \"m of n tasks\" marks a k that covers fewer"
+            " than all.</p>")
     return _table(run, rows) + note
 
 

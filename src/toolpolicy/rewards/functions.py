@@ -211,6 +211,39 @@ def eapo_reward(episode: Episode) -> float:
     return tool_efficiency.eapo_reward(correct, episode.count("tool_call"), fewest, difficulty)
 
 
+def soft_overlong_penalty(length: int, max_length: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4, eq. 13).
+
+        R_length(y) = 0                                   if |y| <= L_max - L_cache
+                    = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
+                    = -1                                  if |y| > L_max
+    with L_max = `max_length` and L_cache = `buffer`: the penalty grows linearly from 0 to -1
+    across the last `buffer` tokens of the budget. The paper uses L_max = 20480, L_cache = 4096.
+    buffer = 0 gives no penalty up to the budget and -1 past it.
+
+    >>> [soft_overlong_penalty(n, max_length=20, buffer=4) for n in (16, 18, 20, 21)]
+    [0.0, -0.5, -1.0, -1.0]
+    """
+    if not 0 <= buffer <= max_length:
+        raise ValueError(f"buffer must be in [0, max_length={max_length}], got {buffer}")
+    if length > max_length:
+        return -1.0
+    expected = max_length - buffer
+    return 0.0 if length <= expected else (expected - length) / buffer
+
+
+def overlong(max_length: int, buffer: int) -> RewardFunction:
+    """The reward function of DAPO's soft overlong penalty on an episode's response tokens
+    (`Episode.response_tokens`), for the Rubric term `overlong`."""
+    if not 0 <= buffer <= max_length:
+        raise ValueError(f"buffer must be in [0, max_length={max_length}], got {buffer}")
+
+    def overlong_penalty(episode: Episode) -> float:
+        return soft_overlong_penalty(episode.response_tokens, max_length, buffer)
+
+    return overlong_penalty
+
+
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "correct_answer": correct_answer,
     "answer_format": answer_format,

@@ -49,6 +49,13 @@ class Rubric:
             raise ValueError(f"unknown reward function(s) {unknown}; valid names: {sorted(REWARD_FUNCTIONS)}")
         return Rubric(tuple(RubricTerm(name, REWARD_FUNCTIONS[name], float(w)) for name, w in weights.items()))
 
+    def with_term(self, name: str, fn: RewardFunction, weight: float) -> Rubric:
+        """This Rubric with one more term (a reward function built from settings, such as
+        DAPO's overlong penalty); ValueError if the name is taken."""
+        if any(term.name == name for term in self.terms):
+            raise ValueError(f"the Rubric already has a term {name!r}")
+        return Rubric((*self.terms, RubricTerm(name, fn, float(weight))))
+
     def score(self, episode: Episode) -> Score:
         """Run every term on the episode; weight-0 terms appear in components only."""
         components = {term.name: float(term.fn(episode)) for term in self.terms}

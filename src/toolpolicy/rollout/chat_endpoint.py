@@ -28,13 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from tqdm.auto import tqdm
-
 from toolpolicy.chat import ParsedTurn
 from toolpolicy.envs.base import Env, Session
 from toolpolicy.gate import Gate, Ledger
-from toolpolicy.rollout.engine import GatedLoop, Limits, act, record_turn, with_sessions
-from toolpolicy.types import CallError, Episode, Event, Message, Task, ToolCall
+from toolpolicy.rollout.engine import GatedLoop, Limits, act, record_turn, truncate
+from toolpolicy.types import CallError, Episode, Message, Task, ToolCall
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -183,9 +181,8 @@ class ChatEngine(GatedLoop):
     """The multi-turn loop of `RolloutEngine` for a chat-completions endpoint."""
 
     def __init__(self, env: Env, client: ChatClient, limits: Limits, gate: Gate | None = None) -> None:
-        super().__init__(env, gate)
+        super().__init__(env, gate, limits)
         self.client = client
-        self.limits = limits
         self.tools = [spec.to_openai() for spec in env.tools.specs()]
 
     def run(self, tasks: list[Task], progress: str | None = None) -> list[ChatRollout]:
@@ -194,29 +191,14 @@ class ChatEngine(GatedLoop):
         for task in tasks:
             messages = self.env.initial_messages(task)
             rollouts.append(ChatRollout(Episode(task, list(messages)), [to_wire(m) for m in messages]))
-        with_sessions(self.env, [r.episode for r in rollouts], lambda sessions: self._turns(rollouts, sessions, progress))
-        return rollouts
-
-    def _turns(self, rollouts: list[ChatRollout], sessions: list[Session], progress: str | None) -> None:
-        live = list(range(len(rollouts)))
-        bar = tqdm(total=len(rollouts), desc=progress, leave=False, disable=progress is None)
         with ThreadPoolExecutor(max_workers=max(1, self.client.endpoint.concurrency)) as pool:
-            for turn in range(self.limits.max_turns):
-                if not live:
-                    break
+
+            def take_turn(sessions: list[Session], live: list[int], turn: int) -> list[bool]:
                 replies = list(pool.map(self._ask, [rollouts[i].wire for i in live]))
-                still_live = []
-                for i, reply in zip(live, replies):
-                    if self._advance(rollouts[i], sessions[i], reply, turn):
-                        still_live.append(i)
-                    else:
-                        bar.update(1)
-                live = still_live
-        for i in live:
-            rollouts[i].episode.truncated = True
-            rollouts[i].episode.events.append(Event("truncated", self.limits.max_turns, "max_turns"))
-        bar.update(len(live))
-        bar.close()
+                return [self._advance(rollouts[i], sessions[i], reply, turn) for i, reply in zip(live, replies)]
+
+            self.loop([r.episode for r in rollouts], take_turn, progress)
+        return rollouts
 
     def _ask(self, wire: list[dict[str, Any]]) -> Reply | EndpointError:
         try:
@@ -235,8 +217,7 @@ class ChatEngine(GatedLoop):
         rollout.wire.append({"role": "assistant", "content": parsed.content, **({"tool_calls": wire_calls} if wire_calls else {})})
         if reply.finish_reason == "length":
             episode.messages.append(Message("assistant", parsed.content, parsed.tool_calls))
-            episode.truncated = True
-            episode.events.append(Event("truncated", turn, "max_turn_tokens"))
+            truncate(episode, turn, "max_turn_tokens")
             return False
         acted = act(parsed, parsed.content, session.tools, self.gate, rollout.ledger, turn)
         observations = record_turn(episode, session, *acted)

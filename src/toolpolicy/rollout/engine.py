@@ -25,7 +25,7 @@ from typing_extensions import Self
 
 from toolpolicy.chat import IM_END, HermesTemplate, ParsedTurn, parse_assistant
 from toolpolicy.envs.base import Env, Session, open_session
-from toolpolicy.gate import AuditError, Gate, Ledger, Policy
+from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
 from toolpolicy.rollout.trajectory import Trajectory
 from toolpolicy.tools import ToolSet
@@ -35,8 +35,7 @@ Encode = Callable[[str], list[int]]
 Decode = Callable[[list[int]], str]
 
 MODEL_FAULTS = {"unknown_tool": "invalid_call", "invalid_arguments": "invalid_call", "tool_error": "tool_error"}
-# The gate's own checks that are the model's malformed calls, not policy violations.
-GATE_MALFORMED = {"gate:unknown_tool", "gate:invalid_arguments"}
+"""Tool failures that are the model's: each becomes an event. Any other failure is the machine's."""
 
 
 def allow_all_policy() -> Policy:
@@ -76,7 +75,7 @@ def observe(
 def act(
     parsed: ParsedTurn, shown: str, tools: ToolSet, gate: Gate, ledger: Ledger, turn: int
 ) -> tuple[Message, list[Message], list[Event], str | None]:
-    """Gate a decoded turn's calls and run the allowed ones (see `observe`).
+    """Gate a decoded turn's calls and run the admitted ones (see `observe`).
 
     `shown` is the assistant text to record. Backends that return calls already
     decoded (chat-completions endpoints) start here.
@@ -89,20 +88,18 @@ def act(
         events.append(Event("invalid_call", turn, error.kind))
     for call in parsed.tool_calls:
         try:
-            decision = gate.decide(call, ledger)
+            admission = admit(gate, ledger, call)
         except AuditError as error:
             return assistant, observations, events, f"audit log: {error}"
-        malformed = bool(GATE_MALFORMED.intersection(decision.rule_ids))
-        if not decision.allowed and (gate.enforce or malformed):
-            ledger.record(call, "denied")
-            observations.append(Message("tool", decision.observation(), name=call.name, tool_call_id=call.id))
-            events.append(Event("invalid_call" if malformed else "gate_deny", turn, ",".join(decision.rule_ids)))
+        rules = ",".join(admission.decision.rule_ids)
+        if not admission.runs:
+            observations.append(Message("tool", admission.decision.observation(), name=call.name, tool_call_id=call.id))
+            events.append(Event("invalid_call" if admission.malformed else "gate_deny", turn, rules))
             continue
-        if not decision.allowed:  # shadow mode: counted, then run as if there were no gate
-            events.append(Event("violation", turn, ",".join(decision.rule_ids)))
+        if not admission.decision.allowed:  # shadow mode: counted, then run as if there were no gate
+            events.append(Event("violation", turn, rules))
         result = tools.call(call)
-        ledger.record(call, "ok" if result.ok else "error")
-        ledger.facts.update(result.facts)
+        settle(ledger, call, result.ok, result.facts)
         observations.append(Message("tool", gate.redact(result.content), name=call.name, tool_call_id=call.id))
         if result.ok:
             events.append(Event("tool_call", turn, call.name))
@@ -148,12 +145,49 @@ def with_sessions(env: Env, episodes: list[Episode], turns: Callable[[list[Sessi
                 episode.infra_error = episode.infra_error or f"session finish: {type(error).__name__}: {error}"
 
 
-class GatedLoop:
-    """What every episode loop shares: the environment, its gate and closing the gate's audit log."""
+def truncate(episode: Episode, turn: int, why: str) -> None:
+    """Mark an episode cut by a budget (`why`: max_turns, max_tokens or max_turn_tokens)."""
+    episode.truncated = True
+    episode.events.append(Event("truncated", turn, why))
 
-    def __init__(self, env: Env, gate: Gate | None) -> None:
+
+TakeTurn = Callable[[list[Session], list[int], int], list[bool]]
+"""(every episode's session, indices of the live episodes, turn) -> for each live one,
+whether it goes on after this turn."""
+
+
+class GatedLoop:
+    """The multi-turn loop every engine runs, with the environment and its gate.
+
+    An engine supplies one function, `take_turn`: advance every live episode by one
+    assistant turn (generate, act through the gate, append the observations) and say
+    which go on. Sessions, the turn budget, truncation and progress are this loop's.
+    """
+
+    def __init__(self, env: Env, gate: Gate | None, limits: Limits) -> None:
         self.env = env
         self.gate = gate if gate is not None else Gate(allow_all_policy(), env.tools)
+        self.limits = limits
+
+    def loop(self, episodes: list[Episode], take_turn: TakeTurn, progress: str | None) -> None:
+        """Open a session per episode and run turns until every episode ended or
+        max_turns is spent (those still calling tools are truncated)."""
+
+        def turns(sessions: list[Session]) -> None:
+            live = list(range(len(episodes)))
+            bar = tqdm(total=len(episodes), desc=progress, leave=False, disable=progress is None)
+            for turn in range(self.limits.max_turns):
+                if not live:
+                    break
+                going = take_turn(sessions, live, turn)
+                bar.update(going.count(False))
+                live = [i for i, goes in zip(live, going) if goes]
+            for i in live:
+                truncate(episodes[i], self.limits.max_turns, "max_turns")
+            bar.update(len(live))
+            bar.close()
+
+        with_sessions(self.env, episodes, turns)
 
     def close(self) -> None:
         """Close the gate's audit log, releasing its single-writer lock for the next engine."""
@@ -168,7 +202,7 @@ class GatedLoop:
 
 
 class RolloutEngine(GatedLoop):
-    """Runs batches of episodes of one environment with one backend."""
+    """Runs batches of episodes of one environment with one backend, at token level."""
 
     def __init__(
         self,
@@ -180,12 +214,11 @@ class RolloutEngine(GatedLoop):
         limits: Limits,
         gate: Gate | None = None,
     ) -> None:
-        super().__init__(env, gate)
+        super().__init__(env, gate, limits)
         self.template = template
         self.encode = encode
         self.decode = decode
         self.backend = backend
-        self.limits = limits
 
     def start(self, task: Task) -> Trajectory:
         messages = self.env.initial_messages(task)
@@ -196,35 +229,20 @@ class RolloutEngine(GatedLoop):
         """One episode per task (repeat a task in `tasks` to sample a group)."""
         trajectories = [self.start(task) for task in tasks]
         ledgers = [Ledger() for _ in tasks]
-        episodes = [t.episode for t in trajectories]
-        with_sessions(self.env, episodes, lambda sessions: self._turns(trajectories, ledgers, sessions, progress))
-        return trajectories
 
-    def _turns(
-        self, trajectories: list[Trajectory], ledgers: list[Ledger], sessions: list[Session], progress: str | None
-    ) -> None:
-        tasks = [t.episode.task for t in trajectories]
-        live = list(range(len(tasks)))
-        bar = tqdm(total=len(tasks), desc=progress, leave=False, disable=progress is None)
-        for turn in range(self.limits.max_turns):
-            if not live:
-                break
+        def take_turn(sessions: list[Session], live: list[int], turn: int) -> list[bool]:
+            budget = self.limits
             requests = [
-                GenRequest(i, trajectories[i].token_ids, min(self.limits.max_turn_tokens, self.limits.max_tokens - trajectories[i].response_len))
+                GenRequest(i, trajectories[i].token_ids, min(budget.max_turn_tokens, budget.max_tokens - trajectories[i].response_len))
                 for i in live
             ]
             generations = self.backend.generate(requests)
-            still_live = []
-            for i, generation in zip(live, generations):
-                if self._advance(trajectories[i], ledgers[i], sessions[i], generation, turn):
-                    still_live.append(i)
-                else:
-                    bar.update(1)
-            live = still_live
-        for i in live:  # out of turns while still calling tools
-            self._truncate(trajectories[i], self.limits.max_turns, "max_turns")
-        bar.update(len(live))
-        bar.close()
+            return [self._advance(trajectories[i], ledgers[i], sessions[i], g, turn) for i, g in zip(live, generations)]
+
+        self.loop([t.episode for t in trajectories], take_turn, progress)
+        for t in trajectories:
+            t.episode.response_tokens = t.response_len
+        return trajectories
 
     def _advance(self, trajectory: Trajectory, ledger: Ledger, session: Session, generation: Generation, turn: int) -> bool:
         """Append one sampled turn and its observation; return whether the episode goes on."""
@@ -234,7 +252,7 @@ class RolloutEngine(GatedLoop):
         text = self.decode(ids)
         if not generation.finished:
             episode.messages.append(Message("assistant", text.strip()))
-            self._truncate(trajectory, turn, "max_turn_tokens" if len(ids) else "max_tokens")
+            truncate(episode, turn, "max_turn_tokens" if len(ids) else "max_tokens")
             return False
         observations = record_turn(
             episode, session, *observe(text, session.tools, self.gate, ledger, turn, self.limits.max_call_chars)
@@ -244,12 +262,7 @@ class RolloutEngine(GatedLoop):
         fragment = self.encode(self.template.render_observation(observations))
         episode.messages.extend(observations)
         if trajectory.response_len + len(fragment) >= self.limits.max_tokens:
-            self._truncate(trajectory, turn, "max_tokens")
+            truncate(episode, turn, "max_tokens")
             return False
         trajectory.append(fragment, sampled=False)
         return True
-
-    @staticmethod
-    def _truncate(trajectory: Trajectory, turn: int, why: str) -> None:
-        trajectory.episode.truncated = True
-        trajectory.episode.events.append(Event("truncated", turn, why))

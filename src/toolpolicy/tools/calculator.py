@@ -4,7 +4,8 @@ Numbers are kept as Fractions, so 10**30/7*7 is exactly 10**30 and 0.1+0.2 is 0.
 only a fractional power (2**0.5) goes through a float. Every way to make Python spin or
 allocate without bound is cut off before it runs: the expression length, parenthesis
 depth, exponent size (9**9**9 stops at its outer power) and the size of every
-intermediate number. Violations raise ValueError, which ToolSet reports as a tool_error.
+intermediate number. Violations raise ToolError, which ToolSet reports as a tool_error
+(the model's fault): every way `evaluate` refuses an expression is the expression's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from decimal import Context, Decimal
 from fractions import Fraction
 
-from toolpolicy.tools.decorator import tool
+from toolpolicy.tools.decorator import ToolError, tool
 
 MAX_EXPRESSION_CHARS = 200
 MAX_PARENTHESIS_DEPTH = 20
@@ -48,16 +49,16 @@ def calculator(expression: str) -> str:
 
 
 def evaluate(expression: str) -> Fraction:
-    """The exact value of `expression`; ValueError with a readable reason for anything else."""
+    """The exact value of `expression`; ToolError with a readable reason for anything else."""
     if len(expression) > MAX_EXPRESSION_CHARS:
-        raise ValueError(f"expression is {len(expression)} characters; the limit is {MAX_EXPRESSION_CHARS}")
+        raise ToolError(f"expression is {len(expression)} characters; the limit is {MAX_EXPRESSION_CHARS}")
     _check_parenthesis_depth(expression)
     try:
         with warnings.catch_warnings():  # e.g. "invalid decimal literal" for 1if 1 else 2: not for stderr
             warnings.simplefilter("ignore")
             tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError) as error:  # ValueError: null bytes in the source
-        raise ValueError(f"not a valid arithmetic expression; use only {ALLOWED}") from error
+        raise ToolError(f"not a valid arithmetic expression; use only {ALLOWED}") from error
     return _walk(tree.body)
 
 
@@ -79,7 +80,7 @@ def _check_parenthesis_depth(expression: str) -> None:
     for char in expression:
         depth += {"(": 1, ")": -1}.get(char, 0)
         if depth > MAX_PARENTHESIS_DEPTH:
-            raise ValueError(f"parentheses are nested more than {MAX_PARENTHESIS_DEPTH} deep")
+            raise ToolError(f"parentheses are nested more than {MAX_PARENTHESIS_DEPTH} deep")
 
 
 def _walk(node: ast.expr) -> Fraction:
@@ -94,14 +95,14 @@ def _walk(node: ast.expr) -> Fraction:
         if isinstance(node.op, ast.Pow):
             return _checked(_power(left, right))
         if right == 0 and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)):
-            raise ValueError("division by zero")
+            raise ToolError("division by zero")
         return _checked(Fraction(_BINARY[type(node.op)](left, right)))
-    raise ValueError(f"{ast.unparse(node)[:40]!r} is not allowed; use only {ALLOWED}")
+    raise ToolError(f"{ast.unparse(node)[:40]!r} is not allowed; use only {ALLOWED}")
 
 
 def _literal(value: int | float) -> Fraction:
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("number is too large")
+        raise ToolError("number is too large")
     # repr gives the shortest decimal that reads back as this float, so 0.1 is exactly 1/10.
     return Fraction(value) if isinstance(value, int) else Fraction(repr(value))
 
@@ -109,23 +110,23 @@ def _literal(value: int | float) -> Fraction:
 def _power(base: Fraction, exponent: Fraction) -> Fraction:
     """base ** exponent, refused before computing when the exponent or the result would be too big."""
     if abs(exponent) > MAX_EXPONENT:
-        raise ValueError(f"exponent {format_number(exponent)} is too large; the limit is {MAX_EXPONENT}")
+        raise ToolError(f"exponent {format_number(exponent)} is too large; the limit is {MAX_EXPONENT}")
     if base == 0 and exponent < 0:
-        raise ValueError("division by zero")
+        raise ToolError("division by zero")
     if exponent.denominator == 1:
         size = math.log10(max(abs(base.numerator), base.denominator, 1))
         if size * abs(exponent.numerator) > MAX_MAGNITUDE_DIGITS + 1e-9:
-            raise ValueError(f"result of ** is too large; numbers are limited to 10**{MAX_MAGNITUDE_DIGITS}")
+            raise ToolError(f"result of ** is too large; numbers are limited to 10**{MAX_MAGNITUDE_DIGITS}")
         return base**exponent.numerator
     if base < 0:
-        raise ValueError("a negative number to a fractional power is not a real number")
+        raise ToolError("a negative number to a fractional power is not a real number")
     try:
         return Fraction(float(base) ** float(exponent))
     except OverflowError:
-        raise ValueError(f"result of ** is too large; numbers are limited to 10**{MAX_MAGNITUDE_DIGITS}") from None
+        raise ToolError(f"result of ** is too large; numbers are limited to 10**{MAX_MAGNITUDE_DIGITS}") from None
 
 
 def _checked(value: Fraction) -> Fraction:
     if abs(value.numerator) > _LIMIT or value.denominator > _LIMIT:
-        raise ValueError(f"an intermediate result is too large or too precise; numbers are limited to 10**{MAX_MAGNITUDE_DIGITS}")
+        raise ToolError(f"an intermediate result is too large or too precise; numbers are limited to 10**{MAX_MAGNITUDE_DIGITS}")
     return value

@@ -5,6 +5,10 @@ never drift from the code, and a function that cannot be described fully (a miss
 type hint, an undocumented parameter, *args) fails at import time rather than in the
 middle of a run. Arguments are validated by a pydantic model in strict mode: the model
 must send 12, not "12" (an int is still accepted where a float is expected).
+
+Whose fault a failure is (DESIGN.md, contracts 3 and 4) is decided by what the tool
+raises: `ToolError` for a call that is wrong (the model's), anything else for a fault
+of ours (the machine's). See `tool` for the rule and why ValueError is not the model's.
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _ARGS_HEADERS = ("Args:", "Arguments:", "Parameters:")
 _ARG_ENTRY = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+class ToolError(Exception):
+    """Raised by a tool when the call itself is wrong: the model's fault, to be fixed by the model.
+
+    e.g. an unknown booking id, "June 3" where a date is needed, 1/0 for the calculator.
+    ToolSet shows the message to the model as the observation ("Error: <message>", error
+    "tool_error"), so write it for the model: what was wrong and what would work.
+    """
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,23 @@ def tool(
     The description is the docstring's first paragraph unless given; every parameter
     needs a type hint and an entry in the docstring's `Args:` section. `effect` declares
     whether the tool may change state ("write") or only reads ("read", the default).
+
+    Errors, the rule ToolSet.call applies:
+      - `raise ToolError("no booking B9")`: the call was wrong, the model's fault. The
+        model sees "Error: no booking B9"; the result's error is "tool_error" and the
+        episode goes on (a counted event the rewards can use).
+      - any other exception (KeyError, AttributeError, an OSError from a dead service,
+        and ValueError too): a fault in the tool or what it depends on, the machine's. The
+        result's error is "infra", its text names the tool and the exception type, and
+        the rollout engine marks the episode infra_error: excluded from the update and
+        from pass^k, never scored 0.
+      - a returned ToolResult carries its own error kind (the sandbox and MCP tools
+        decide theirs).
+    ValueError is deliberately not the model's: Python raises it from deep inside our
+    own code as readily as for a bad argument, and the two mistakes are not equal. A bug
+    blamed on the model is silent (scored 0 and trained against); a bad input blamed on
+    the machine is loud (it shows up in every summary's infra_errors). So a tool turns
+    the bad inputs it knows about into ToolError, as the built-in tools do.
     """
     if effect not in ("read", "write"):
         raise TypeError(f"@tool effect must be 'read' or 'write', not {effect!r}")

@@ -18,7 +18,7 @@ from typing import Any
 import bm25s
 
 from toolpolicy.jsonl import read_objects
-from toolpolicy.tools.decorator import Tool, tool
+from toolpolicy.tools.decorator import Tool, ToolError, tool
 
 MAX_QUERY_CHARS = 500
 MAX_RESULTS = 10
@@ -80,9 +80,9 @@ class SearchIndex:
                 k: How many passages to return (1 to 10).
             """
             if len(query) > MAX_QUERY_CHARS:
-                raise ValueError(f"query is {len(query)} characters; keep it under {MAX_QUERY_CHARS}")
+                raise ToolError(f"query is {len(query)} characters; keep it under {MAX_QUERY_CHARS}")
             if not 1 <= k <= MAX_RESULTS:
-                raise ValueError(f"k must be between 1 and {MAX_RESULTS}, not {k}")
+                raise ToolError(f"k must be between 1 and {MAX_RESULTS}, not {k}")
             return format_hits(index.search(query, k), snippet_chars)
 
         return tool(name=name)(search)

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from toolpolicy.tools.decorator import Tool, tool
+from toolpolicy.tools.decorator import Tool, ToolError, tool
 
 MAX_QUERY_CHARS = 4000
 PROGRESS_EVERY = 1000  # SQLite VM instructions between checks of the budget
@@ -117,19 +117,26 @@ class SqlDatabase:
                 query: One SQLite statement, e.g. "SELECT name FROM guests WHERE id = 3".
             """
             if len(query) > MAX_QUERY_CHARS:
-                raise ValueError(f"the query is {len(query)} characters; keep it under {MAX_QUERY_CHARS}")
+                raise ToolError(f"the query is {len(query)} characters; keep it under {MAX_QUERY_CHARS}")
             return database.run(query)
 
         return tool(name=name, description=description)(sql)
 
     def run(self, sql: str) -> str:
-        """A query's result as the model reads it; SQL errors raise ValueError with SQLite's reason."""
+        """A query's result as the model reads it; SQL errors raise ToolError with SQLite's reason.
+
+        Every sqlite3 error is taken as the query's (the model's): the database is a local
+        file opened at construction, so syntax, a missing table, a denied write and the
+        step budget are what go wrong. A failing disk would be misfiled as the model's;
+        telling it apart by SQLite's message is not worth its fragility here."""
         try:
             columns, rows, more = self.query(sql)
         except sqlite3.ProgrammingError as error:  # e.g. two statements in one call
-            raise ValueError(f"{error}") from None
+            raise ToolError(f"{error}") from None
         except sqlite3.DatabaseError as error:
-            raise ValueError(explain(error, self)) from None
+            raise ToolError(explain(error, self)) from None
+        except UnicodeEncodeError:  # a lone surrogate; the gate denies these before they get here
+            raise ToolError("the query is not valid Unicode") from None
         return format_rows(columns, rows, more)
 
 

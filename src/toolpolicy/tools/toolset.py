@@ -2,7 +2,9 @@
 
 `ToolSet.call` never raises (DESIGN.md, contract 3). Whatever goes wrong becomes a
 ToolResult the model reads as its observation, with `error` saying whose fault it was:
-an unknown tool, arguments that break the schema, or the tool itself raising.
+an unknown tool, arguments that break the schema, or the tool raising ToolError are the
+model's; any other exception from inside a tool is ours ("infra", contract 4). The rule
+and its reasons are in `toolpolicy.tools.decorator.tool`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from toolpolicy.tools.decorator import Tool
+from toolpolicy.tools.decorator import Tool, ToolError
 from toolpolicy.types import ToolCall, ToolResult, ToolSpec
 
 MAX_PROBLEMS_SHOWN = 3
@@ -59,8 +61,10 @@ class ToolSet:
             return self._result(describe_invalid_arguments(target, error), "invalid_arguments")
         try:
             output = target.fn(**arguments)
-        except Exception as error:  # the tool's own failure, shown to the model; KeyboardInterrupt still propagates
-            return self._result(_describe_exception(error), "tool_error")
+        except ToolError as error:  # the tool says the call was wrong: the model's to fix
+            return self._result(f"Error: {_exception_text(error)}", "tool_error")
+        except Exception as error:  # a fault in the tool, not the call; KeyboardInterrupt still propagates
+            return self._result(infra_error_text(target.name, error), "infra")
         if isinstance(output, ToolResult):  # a tool that records facts or reports its own error
             return ToolResult(truncate(output.content, self.max_output_chars), output.error, dict(output.facts))
         return self._result(output_text(output))
@@ -135,9 +139,18 @@ def _preview(value: Any) -> str:
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-def _describe_exception(error: Exception) -> str:
+def infra_error_text(tool_name: str, error: Exception) -> str:
+    """The observation for an exception that is not a ToolError: the tool, the type, the message.
+
+    >>> infra_error_text("read", KeyError("B9"))
+    "Internal error in tool 'read': KeyError: 'B9'. This is a fault in the tool, not in the call."
+    """
+    return (f"Internal error in tool {tool_name!r}: {type(error).__name__}: {_exception_text(error)}. "
+            "This is a fault in the tool, not in the call.")
+
+
+def _exception_text(error: Exception) -> str:
     try:
-        detail = str(error)
+        return str(error)
     except Exception:  # an exception whose __str__ fails must not escape call()
-        detail = "<unprintable error>"
-    return f"{type(error).__name__}: {detail}"
+        return "<unprintable error>"

@@ -49,14 +49,14 @@ def micro_batches(batch: TokenBatch, size: int) -> list[tuple[slice, TokenBatch]
     pieces = []
     for start in range(0, batch.input_ids.shape[0], size):
         rows = slice(start, start + size)
-        piece = TokenBatch(*(tensor[rows] for tensor in batch))
-        width = int(piece.attention.sum(-1).max())
-        trimmed = TokenBatch(
-            piece.input_ids[:, :width],
-            piece.attention[:, :width],
-            *(tensor[:, : width - 1] for tensor in piece[2:]),
-        )
-        pieces.append((rows, trimmed))
+        width = int(batch.attention[rows].sum(-1).max())
+        pieces.append((rows, TokenBatch(
+            input_ids=batch.input_ids[rows, :width],
+            attention=batch.attention[rows, :width],
+            targets=batch.targets[rows, : width - 1],
+            loss_mask=batch.loss_mask[rows, : width - 1],
+            old_logprobs=batch.old_logprobs[rows, : width - 1],
+        )))
     return pieces
 
 

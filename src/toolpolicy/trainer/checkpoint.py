@@ -1,7 +1,7 @@
 """Checkpoints that resume exactly, and the run's metrics log.
 
 A checkpoint is a Hugging Face model folder plus `trainer_state.pt` (optimizer,
-LR schedule, RNG states, step). It is written to a temporary folder and renamed
+LR schedule, RNG states, step, and where the run's audit log ended). It is written to a temporary folder and renamed
 into place, so a process killed mid-write leaves the previous checkpoint intact
 and never a half-written one. The data cursor of both loops is a pure function
 of the step, so the step is the cursor.
@@ -14,7 +14,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -44,7 +44,10 @@ def save_checkpoint(
     scheduler: Any,
     sampler: torch.Generator | None,
     keep: int,
+    audit_seq: int | None = None,
 ) -> Path:
+    """Write checkpoint `step` atomically; keep the newest `keep`. `audit_seq`: the last record
+    of the run's audit log, so a resumed run can cut the decisions it will replay."""
     final = phase_dir / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -53,6 +56,7 @@ def save_checkpoint(
     tokenizer.save_pretrained(tmp)
     state = {
         "step": step,
+        "audit_seq": audit_seq,
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": {
@@ -81,16 +85,24 @@ def save_final(phase_dir: Path, model: Any, tokenizer: Any) -> Path:
     return final
 
 
-def restore_state(checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any, sampler: torch.Generator | None) -> int:
+class Restored(NamedTuple):
+    step: int
+    audit_seq: int | None
+    """The audit log's last record when the checkpoint was taken (None: no log)."""
+
+
+def restore_state(
+    checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any, sampler: torch.Generator | None
+) -> Restored:
     """Load optimizer, schedule and RNG states saved with `checkpoint`; return its step."""
-    state = torch.load(checkpoint / STATE_FILE, weights_only=False)
+    state = torch.load(checkpoint / STATE_FILE, weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])
     if sampler is not None and state["rng"]["sampler"] is not None:
         sampler.set_state(state["rng"]["sampler"])
-    return int(state["step"])
+    return Restored(int(state["step"]), state.get("audit_seq"))
 
 
 class MetricsLog:
@@ -119,9 +131,3 @@ class MetricsLog:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)
-
-    def read(self, phase: str | None = None) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        return [r for r in records if phase is None or r.get("phase") == phase]

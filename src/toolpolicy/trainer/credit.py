@@ -1,39 +1,42 @@
-"""From scored episodes to what the loss needs: rewards, advantages and which episodes train.
+"""From scored episodes to what the loss needs: the reward matrix, advantages, and which episodes train.
 
-The RL loop calls three things, each picked from the config once:
-- `step_rewards`: the Rubric totals, with infra-failed episodes filled from their group
-  (DESIGN contract 4) and DAPO's soft overlong penalty when it is on;
-- `Credit`: the advantage of every episode (outcome credit, [B]) or of every token
-  (GTPO turn credit, [B, L-1], aligned with TokenBatch.targets);
-- `update_mask`: dynamic sampling, truncation and void-turn filters together.
+Chosen once from the config, called every step:
+- `reward_matrix`: every Rubric term's value per episode, [B, C], with its weights [C];
+  infra-failed episodes filled from their group (DESIGN contract 4). The scalar reward
+  is `rewards @ weights`; GDPO reads the columns.
+- a credit: `OutcomeCredit` (one advantage per episode from the config's estimator, [B])
+  or `TurnCredit` (GTPO turn credit, [B, L-1], aligned with TokenBatch.targets); each
+  also says which groups carry a learning signal for it (dynamic sampling keeps those).
+- episode filters: truncation and void-turn filters, each a function of the trajectories.
 The math lives in `toolpolicy.algorithms`; this file only reads Trajectories and Scores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+from torch import Tensor
 
 from toolpolicy.algorithms import (
-    ADVANTAGES,
+    Estimator,
     broadcast_turns,
     expand_group_mask,
-    gdpo_advantages,
-    soft_overlong_penalty,
     turn_advantages,
     turn_rewards,
+    varied_returns,
     void_turn_filter,
 )
 from toolpolicy.rewards import Rubric, Score
 from toolpolicy.rollout import Trajectory
-from toolpolicy.trainer.config import Config
 
 # Events that make a turn productive for SimpleTIR's void-turn filter: it tried a call.
 CALL_EVENTS = frozenset({"tool_call", "invalid_call", "tool_error", "gate_deny", "violation"})
 
 
-def usable_rewards(rewards: torch.Tensor, usable: torch.Tensor, group_size: int) -> torch.Tensor:
+def usable_rewards(rewards: Tensor, usable: Tensor, group_size: int) -> Tensor:
     """Replace rewards of infra-failed episodes by their group's mean over usable ones,
     so a machine failure neither scores 0 nor moves the baseline (DESIGN contract 4).
     rewards [B] or [B, C] (per component)."""
@@ -44,77 +47,78 @@ def usable_rewards(rewards: torch.Tensor, usable: torch.Tensor, group_size: int)
     return torch.where(ok.bool(), grouped, mean).reshape(shape)
 
 
-def overlong(trajectories: list[Trajectory], cfg: Config) -> torch.Tensor:
-    """DAPO's soft overlong penalty per episode ([B], 0 when off), on tokens after the prompt."""
-    if cfg.overlong_penalty == 0:
-        return torch.zeros(len(trajectories))
-    lengths = torch.tensor([t.response_len for t in trajectories])  # [B]
-    buffer = int(cfg.overlong_buffer * cfg.max_tokens)
-    return cfg.overlong_penalty * soft_overlong_penalty(lengths, cfg.max_tokens, buffer)  # [B]
+def reward_matrix(rubric: Rubric, scores: list[Score], usable: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Every term's value per episode, infra-filled, and the terms' weights.   -> [B, C], [C]
+
+    Weight-0 terms (metrics) are columns too; they add nothing to `rewards @ weights`,
+    which is each episode's Rubric total."""
+    columns = [[score.components[term.name] for term in rubric.terms] for score in scores]
+    rewards = torch.tensor(columns, dtype=torch.float64).reshape(len(scores), len(rubric.terms))  # [B, C]
+    weights = torch.tensor([term.weight for term in rubric.terms], dtype=torch.float64)  # [C]
+    return usable_rewards(rewards, usable, group_size), weights
 
 
-def step_rewards(trajectories: list[Trajectory], scores: list[Score], usable: torch.Tensor, cfg: Config) -> torch.Tensor:
-    """The scalar reward of every episode: Rubric total (+ overlong penalty), infra-filled.   -> [B]"""
-    totals = torch.tensor([s.total for s in scores]) + overlong(trajectories, cfg)  # [B]
-    return usable_rewards(totals, usable, cfg.group_size)
+class Credit(Protocol):
+    """How a step's rewards become advantages, and which groups carry a signal for it."""
+
+    def signal(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        """[G] bool: the groups whose advantages are not all zero."""
+        ...
+
+    def advantages(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        """[B] per episode, or [B, L-1] per token (L: the longest trajectory)."""
+        ...
 
 
 @dataclass(frozen=True)
-class Credit:
-    """Advantages for one step. `per_token` says whether `__call__` returns [B, L-1] rows
-    (turn credit, to be cut to each micro-batch's width) or one value per episode [B]."""
+class OutcomeCredit:
+    """One advantage per episode, from an estimator on the reward matrix."""
 
-    cfg: Config
-    rubric: Rubric
+    estimator: Estimator
 
-    @property
-    def per_token(self) -> bool:
-        return self.cfg.credit == "turn"
+    def signal(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        return self.estimator.signal(rewards, weights, group_size)  # [G]
 
-    def __call__(
-        self, trajectories: list[Trajectory], scores: list[Score], rewards: torch.Tensor, usable: torch.Tensor
-    ) -> torch.Tensor:
-        """Per-episode advantages [B], or with turn credit per-token rows [B, L-1] (L: the
-        longest trajectory) aligned with TokenBatch.targets. `rewards` [B] is step_rewards'."""
-        if not self.per_token:
-            return self.episodes(trajectories, scores, rewards, usable)
-        return self.tokens(trajectories, rewards, max(len(t.token_ids) for t in trajectories))
+    def advantages(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        return self.estimator.advantages(rewards, weights, group_size).float()  # [B]
 
-    def episodes(
-        self, trajectories: list[Trajectory], scores: list[Score], rewards: torch.Tensor, usable: torch.Tensor
-    ) -> torch.Tensor:
-        """One advantage per episode: an estimator on the rewards, or GDPO on the components.   -> [B]"""
-        size = self.cfg.group_size
-        if self.cfg.advantage != "gdpo":
-            return ADVANTAGES[self.cfg.advantage](rewards, size)
-        terms = [term for term in self.rubric.terms if term.weight != 0.0]
-        columns = [[s.components[term.name] for term in terms] for s in scores]
-        components = torch.tensor(columns, dtype=torch.float32).reshape(len(scores), len(terms))  # [B, C]
-        weights = torch.tensor([term.weight for term in terms])  # [C]
-        penalty = overlong(trajectories, self.cfg)  # [B]
-        if self.cfg.overlong_penalty:
-            components = torch.cat([components, penalty[:, None]], dim=1)  # [B, C+1]
-            weights = torch.cat([weights, torch.ones(1)])
-        return gdpo_advantages(usable_rewards(components, usable, size), weights, size)
 
-    def tokens(
-        self, trajectories: list[Trajectory], rewards: torch.Tensor, width: int
-    ) -> torch.Tensor:
-        """GTPO turn credit for whole groups of trajectories, in order.   -> [B, width-1]
+@dataclass(frozen=True)
+class TurnCredit:
+    """GTPO turn credit: each turn's reward comes from its events (`event_weights`) and the
+    episode's total reward on its last turn; the discounted returns are normalised within
+    the group and put on that turn's sampled tokens."""
 
-        Each turn's reward comes from its events (cfg.turn_rewards) and the episode's
-        reward on its last turn; the discounted returns are normalised within the group
-        and put on that turn's sampled tokens.
-        """
-        per_turn = [
-            turn_rewards(len(t.turn_spans), [(e.turn, e.kind) for e in t.episode.events], self.cfg.turn_rewards, float(r))
-            for t, r in zip(trajectories, rewards.tolist())
+    event_weights: Mapping[str, float]
+    gamma: float
+
+    def per_turn(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor) -> list[list[float]]:
+        totals = (rewards @ weights).tolist()  # [B]
+        return [
+            turn_rewards(len(t.turn_spans), [(e.turn, e.kind) for e in t.episode.events], self.event_weights, total)
+            for t, total in zip(trajectories, totals)
         ]
-        values = turn_advantages(per_turn, self.cfg.group_size, self.cfg.turn_gamma)
+
+    def signal(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        return varied_returns(self.per_turn(trajectories, rewards, weights), group_size, self.gamma)  # [G]
+
+    def advantages(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        values = turn_advantages(self.per_turn(trajectories, rewards, weights), group_size, self.gamma)
+        width = max(len(t.token_ids) for t in trajectories)
         rows = torch.zeros(len(trajectories), width)  # [B, L]
         for row, (t, v) in enumerate(zip(trajectories, values)):
             rows[row, : len(t.token_ids)] = broadcast_turns(v, t.turn_spans, len(t.token_ids))
         return rows[:, 1:]  # [B, L-1]: position t predicts token t+1, as TokenBatch.targets
+
+
+EpisodeFilter = Callable[[list[Trajectory]], Tensor]
+"""Trajectories -> [B] bool, True for those the update may train on."""
+
+
+def not_truncated(trajectories: list[Trajectory]) -> Tensor:
+    """Episodes not cut by max turns or max tokens (DAPO's overlong filtering, arXiv 2503.14476,
+    section 3.4; TRL's `mask_truncated_completions`): an unfinished answer is not a wrong one."""
+    return torch.tensor([not t.episode.truncated for t in trajectories], dtype=torch.bool)  # [B]
 
 
 def productive_turns(trajectory: Trajectory) -> list[bool]:
@@ -125,11 +129,17 @@ def productive_turns(trajectory: Trajectory) -> list[bool]:
     return [t in calling or (t == turns - 1 and answered) for t in range(turns)]
 
 
-def update_mask(trajectories: list[Trajectory], groups: torch.Tensor, usable: torch.Tensor, cfg: Config) -> torch.Tensor:
-    """Episodes the update uses: kept groups, usable, and not filtered out.   -> [B] bool"""
-    keep = expand_group_mask(groups, cfg.group_size) & usable  # [B]
-    if cfg.mask_truncated:
-        keep &= torch.tensor([not t.episode.truncated for t in trajectories])
-    if cfg.void_turn_filter:
-        keep &= void_turn_filter([productive_turns(t) for t in trajectories])
+def no_void_turn(trajectories: list[Trajectory]) -> Tensor:
+    """Episodes in which every turn called a tool or answered (SimpleTIR's void-turn filter)."""
+    return void_turn_filter([productive_turns(t) for t in trajectories])  # [B]
+
+
+def update_mask(
+    trajectories: list[Trajectory], groups: Tensor, usable: Tensor, group_size: int, filters: tuple[EpisodeFilter, ...]
+) -> Tensor:
+    """Episodes the update uses: in a kept group, free of infrastructure errors, and kept
+    by every filter.   -> [B] bool"""
+    keep = expand_group_mask(groups, group_size) & usable  # [B]
+    for keeps in filters:
+        keep &= keeps(trajectories)
     return keep

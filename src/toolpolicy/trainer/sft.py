@@ -1,6 +1,6 @@
 """SFT cold start: next-token loss on the assistant tokens of demonstration episodes.
 
-Demonstrations are replayed through the rollout engine (`setup.demonstrations`),
+Demonstrations are replayed through the rollout engine (`demonstrations.py`),
 so SFT trains on exactly the token framing RL will sample in, and the loss mask
 is the engine's: assistant tokens only, never the prompt or tool output.
 
@@ -18,12 +18,12 @@ import torch
 from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import aggregate_loss
-from toolpolicy.model import load_policy
+from toolpolicy.config import Config
+from toolpolicy.model import PolicyModel
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
-from toolpolicy.trainer.config import Config
-from toolpolicy.trainer.setup import build_embedded, demonstrations, wrap_policy
+from toolpolicy.trainer.demonstrations import build_embedded, demonstrations
 
 
 def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
@@ -69,13 +69,13 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     if cfg.model == "embedded" and not (base / "config.json").is_file():
         build_embedded(cfg, base)
     checkpoint = latest_checkpoint(phase_dir) if resume else None
-    policy = wrap_policy(*load_policy(checkpoint or base))
+    policy = PolicyModel.load(checkpoint or base)
     model = policy.model
     examples = demonstrations(cfg, cfg.sft_examples, policy.encode, policy.decode, "sft")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.sft_warmup_steps, cfg.sft_steps))
-    start = restore_state(checkpoint, optimizer, scheduler, None) if checkpoint else 0
+    start = restore_state(checkpoint, optimizer, scheduler, None).step if checkpoint else 0
     log = MetricsLog(run_dir / "metrics.jsonl")
     log.rewind("sft", start)
 

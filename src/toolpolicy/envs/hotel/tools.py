@@ -5,7 +5,9 @@ policy (who may read what, the 48-hour rule, the refund cap). The gate does,
 from the facts the read tools record in the ledger. That split is the point:
 with the gate off a model can break the rules, and the database check and the
 violation counters see that it did. Impossible operations (an unknown booking,
-a room that is taken) raise, which the ToolSet turns into ordinary tool errors.
+a room that is taken, a date that is not a date) raise ToolError, which the ToolSet
+turns into ordinary tool errors, the model's fault; any other exception is a bug of
+ours and ends the episode as an infrastructure error.
 
 Facts recorded, for the policy's conditions (examples/policies/hotel.yaml):
     verified_guest: "G12"                 after `verify` succeeds
@@ -24,12 +26,15 @@ from functools import lru_cache
 from typing import Any
 
 from toolpolicy.envs.hotel.database import hours_until, nights, room_is_free
-from toolpolicy.tools import Tool, ToolSet, tool
+from toolpolicy.tools import Tool, ToolError, ToolSet, tool
 from toolpolicy.types import ToolResult
 
 
 def booking_facts(connection: sqlite3.Connection, booking_id: str) -> dict[str, Any]:
-    """What the policy needs to know about one booking, as plain JSON for the ledger."""
+    """What the policy needs to know about one booking, as plain JSON for the ledger.
+
+    KeyError for an unknown booking: the tools check the id first (`need_booking`), so
+    reaching it from a tool is a bug, reported as infra rather than blamed on the model."""
     row = connection.execute(
         "SELECT guest_id, status, check_in, insured, "
         "(SELECT COALESCE(SUM(amount), 0) FROM payments WHERE booking_id = b.id), "
@@ -60,8 +65,11 @@ def _date(text: str) -> str:
     try:
         return dt.date.fromisoformat(text).isoformat()
     except ValueError:
-        raise ValueError(f"{text!r} is not a date like 2025-06-10") from None
+        raise ToolError(f"{text!r} is not a date like 2025-06-10") from None
 
+
+SQLITE_INTEGERS = range(-(2**63), 2**63)
+"""What an INTEGER column holds; a refund outside it is the model's bad number, not a crash of ours."""
 
 # The tools that change the database; the rest only read it.
 WRITES = frozenset({"cancel", "reschedule", "refund", "message", "handoff"})
@@ -96,7 +104,7 @@ def desk_functions(connection: sqlite3.Connection | None) -> list[Callable[..., 
 
     def need_booking(booking_id: str) -> None:
         if db.execute("SELECT 1 FROM bookings WHERE id = ?", (booking_id,)).fetchone() is None:
-            raise KeyError(f"no booking {booking_id}")
+            raise ToolError(f"no booking {booking_id}")
 
     def owned(guest: str) -> list[str]:
         return [b for (b,) in db.execute("SELECT id FROM bookings WHERE guest_id = ? ORDER BY id", (guest,))]
@@ -148,6 +156,7 @@ def desk_functions(connection: sqlite3.Connection | None) -> list[Callable[..., 
         Args:
             booking: Booking id.
         """
+        need_booking(booking)
         facts = booking_facts(db, booking)
         left = facts["paid"] - facts["refunded"]
         db.execute("UPDATE bookings SET status = 'cancelled' WHERE id = ?", (booking,))
@@ -167,12 +176,12 @@ def desk_functions(connection: sqlite3.Connection | None) -> list[Callable[..., 
         need_booking(booking)
         start, end = _date(start), _date(end)
         if nights(start, end) < 1:
-            raise ValueError("end must be after start")
+            raise ToolError("end must be after start")
         room, rate = db.execute(
             "SELECT r.id, r.rate FROM bookings b JOIN rooms r ON r.id = b.room_id WHERE b.id = ?", (booking,)
         ).fetchone()
         if not room_is_free(db, room, start, end, besides=booking):
-            raise ValueError(f"room {room} is taken on those dates")
+            raise ToolError(f"room {room} is taken on those dates")
         total = rate * nights(start, end)
         db.execute("UPDATE bookings SET check_in = ?, check_out = ?, total = ? WHERE id = ?",
                    (start, end, total, booking))
@@ -187,6 +196,8 @@ def desk_functions(connection: sqlite3.Connection | None) -> list[Callable[..., 
             amount: Amount to refund.
         """
         need_booking(booking)
+        if amount not in SQLITE_INTEGERS:
+            raise ToolError(f"amount {amount} is too large")
         db.execute("INSERT INTO refunds (booking_id, amount) VALUES (?, ?)", (booking, amount))
         db.commit()
         return recorded(f"refunded {amount} on {booking}", booking)
@@ -199,7 +210,7 @@ def desk_functions(connection: sqlite3.Connection | None) -> list[Callable[..., 
             text: The message.
         """
         if db.execute("SELECT 1 FROM guests WHERE id = ?", (guest,)).fetchone() is None:
-            raise KeyError(f"no guest {guest}")
+            raise ToolError(f"no guest {guest}")
         db.execute("INSERT INTO messages (guest_id, text) VALUES (?, ?)", (guest, text))
         db.commit()
         return f"sent to {guest}"

@@ -9,10 +9,12 @@ validated the same way. The resolved config is written into the run folder.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from toolpolicy.types import EventKind
 
 
 class ConfigError(ValueError):
@@ -28,7 +30,7 @@ class Config(BaseModel):
     seed: int = 0
     """Seed of everything random: model init, tasks, demonstrations, sampling."""
     env: str = "calc"
-    """Environment name (see `toolpolicy.envs.ENVS`)."""
+    """Environment name: calc or hotel (see `toolpolicy.envs.ENVS`)."""
     threads: int = Field(0, ge=0)
     """torch CPU threads; 0 keeps torch's default."""
 
@@ -64,7 +66,13 @@ class Config(BaseModel):
     max_turn_tokens: int = Field(64, ge=4)
     """Tokens one assistant turn may sample."""
     temperature: float = Field(1.0, ge=0.0)
-    """Sampling temperature in RL and evaluation; 0 is greedy."""
+    """Sampling temperature of RL rollouts; 0 is greedy. The trainer recomputes log-probabilities
+    at this same temperature, since the ratio to the rollout's own log-probabilities must be 1
+    on an unchanged model."""
+    eval_temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature of `toolpolicy eval` and the demo's evaluations; 0 is greedy."""
+    user_temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature of the served model that plays the guest (`user_endpoint_url`)."""
 
     # --- SFT cold start ----------------------------------------------------
     cold_start: str = ""
@@ -141,16 +149,21 @@ class Config(BaseModel):
     """Compute KL to the initial policy as a metric even when beta is 0 (one extra forward pass)."""
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     """How per-token losses become one number: DAPO token-mean, GRPO sequence-mean, or
-    Dr.GRPO's per-sequence sum over a constant length (max_tokens)."""
+    Dr.GRPO's per-sequence sum over a constant length (loss_norm_length)."""
+    loss_norm_length: int | None = Field(None, ge=1)
+    """The constant length of Dr.GRPO's aggregation (seq_mean_token_sum_norm); None is max_tokens."""
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (they carry no gradient), as DAPO."""
     max_refill_rounds: int = Field(0, ge=0)
     """Dynamic sampling: extra rounds of prompts sampled while fewer than prompts_per_step
     groups carry signal (DAPO's refill); the rounds used are logged as `refill_rounds`."""
     overlong_buffer: float = Field(0.0, ge=0, le=1)
-    """DAPO soft overlong penalty: the last fraction of max_tokens over which it ramps to -1."""
+    """DAPO soft overlong penalty: the last fraction of overlong_length over which it ramps to -1."""
     overlong_penalty: float = Field(0.0, ge=0)
-    """Weight of the soft overlong penalty added to the reward; 0 is off."""
+    """Weight of the soft overlong penalty, a term `overlong` of the Rubric; 0 is off."""
+    overlong_length: int | None = Field(None, ge=1)
+    """DAPO's L_max, the response length (tokens after the prompt) where the overlong penalty
+    reaches -1; None is max_tokens, the episode budget."""
     mask_truncated: bool = False
     """Leave episodes cut by max turns or max tokens out of the update (overlong filtering)."""
     void_turn_filter: bool = False
@@ -197,6 +210,33 @@ class Config(BaseModel):
     scenario (training and evaluation); empty uses the scripted guest."""
     user_endpoint_model: str = ""
     """Model name for `user_endpoint_url`."""
+
+    @field_validator("env")
+    @classmethod
+    def _known_env(cls, name: str) -> str:
+        from toolpolicy.envs import ENVS  # here: the environments import their tools
+
+        if name not in ENVS:
+            raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(ENVS))}")
+        return name
+
+    @field_validator("rewards")
+    @classmethod
+    def _known_rewards(cls, weights: dict[str, float]) -> dict[str, float]:
+        from toolpolicy.rewards import REWARD_FUNCTIONS
+
+        unknown = sorted(set(weights) - set(REWARD_FUNCTIONS))
+        if unknown:
+            raise ValueError(f"unknown reward function(s) {unknown}; known: {', '.join(sorted(REWARD_FUNCTIONS))}")
+        return weights
+
+    @field_validator("turn_rewards")
+    @classmethod
+    def _known_events(cls, weights: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(weights) - set(get_args(EventKind)))
+        if unknown:
+            raise ValueError(f"unknown event kind(s) {unknown}; known: {', '.join(get_args(EventKind))}")
+        return weights
 
 
 def _format_errors(error: ValidationError, source: str) -> str:

@@ -1,0 +1,68 @@
+"""The RL objective, chosen once: which estimator, ratio level, KL estimator and aggregation.
+
+`Algorithm.named(...)` looks each name up in its table when the config is read; the
+trainer then calls `objective` on every micro-batch and `estimator` on every step,
+with no branch on a name in the hot path. Nothing here knows about configs or files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from toolpolicy.algorithms.advantages import ESTIMATORS, Estimator
+from toolpolicy.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Aggregation, KLEstimator, PolicyLoss
+
+
+def _pick(table: dict, name: str, what: str):
+    if name not in table:
+        raise ValueError(f"unknown {what} {name!r}; valid names: {sorted(table)}")
+    return table[name]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Every choice of the policy-gradient objective: pure functions and their constants."""
+
+    estimator: Estimator  # advantages from the reward matrix, and the groups with a signal
+    policy_loss: PolicyLoss  # per-token clipped surrogate, token or sequence level
+    kl: KLEstimator  # per-token KL(pi || ref)
+    aggregation: Aggregation  # per-token losses -> one number
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    beta: float  # weight of the KL term in the loss; 0 leaves it out (it may still be logged)
+    norm_length: float  # Dr.GRPO's constant length; the other aggregations ignore it
+
+    @staticmethod
+    def named(advantage: str, ratio_level: str, kl_estimator: str, aggregation: str, **constants: float | None) -> Algorithm:
+        """Look each name up once (ValueError names the valid ones); `constants` are the
+        clip bounds, dual_clip, beta and norm_length."""
+        return Algorithm(
+            _pick(ESTIMATORS, advantage, "advantage estimator"),
+            _pick(POLICY_LOSSES, ratio_level, "ratio level"),
+            _pick(KL_ESTIMATORS, kl_estimator, "KL estimator"),
+            _pick(AGGREGATIONS, aggregation, "loss aggregation"),
+            **constants,  # type: ignore[arg-type]
+        )
+
+    def objective(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,
+        ref_logprobs: Tensor | None, total_tokens: float, total_sequences: float,
+    ) -> tuple[Tensor, dict[str, float]]:
+        """One micro-batch's share of the whole batch's loss, and detached stats.
+
+        logprobs, old_logprobs, loss_mask, ref_logprobs [b, T]; advantages [b] or [b, T].
+        total_tokens / total_sequences count the whole batch, so micro-batch losses add up.
+        Stats: the policy loss's, and with a reference `kl_sum`, the masked sum of the KL.
+        """
+        per_token, stats = self.policy_loss(
+            logprobs, old_logprobs, advantages, self.clip_low, self.clip_high, loss_mask=loss_mask, dual_clip=self.dual_clip
+        )  # [b, T]
+        if ref_logprobs is not None:
+            kl = self.kl(logprobs, ref_logprobs)  # [b, T]
+            if self.beta > 0:
+                per_token = per_token + self.beta * kl
+            stats["kl_sum"] = float((kl.detach() * loss_mask).sum())
+        return self.aggregation(per_token, loss_mask, total_tokens, total_sequences, norm_length=self.norm_length), stats

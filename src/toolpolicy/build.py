@@ -1,0 +1,80 @@
+"""What every command builds from a config: the run folder, the environment, its gate and the engine.
+
+Each function takes the Config and returns one part, so the trainer, evaluation and
+the demo assemble the same parts the same way; the parts themselves (envs/, gate/,
+rollout/) know nothing of the Config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from toolpolicy.config import Config, save_config
+from toolpolicy.envs import Env, hotel, make_env
+from toolpolicy.gate import AuditLog, Gate, Policy
+from toolpolicy.model import PolicyModel, make_template
+from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, allow_all_policy
+from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    """Create the run folder, write the resolved config into it and set torch's threads."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    return run_dir
+
+
+def episode_limits(cfg: Config) -> Limits:
+    return Limits(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens, max_turn_tokens=cfg.max_turn_tokens)
+
+
+def build_env(cfg: Config) -> Env:
+    """The environment `cfg.env`; hotel's guest is played by the served model at
+    `user_endpoint_url` when one is set, else by the scripted user."""
+    if cfg.env == "hotel" and cfg.user_endpoint_url:
+        endpoint = Endpoint(
+            cfg.user_endpoint_url, cfg.user_endpoint_model, cfg.endpoint_api_key_env, temperature=cfg.user_temperature
+        )
+        client = ChatClient(endpoint)
+        return hotel.HotelEnv(user=lambda task: EndpointUser(client, hotel.scenario_text(task)))
+    return make_env(cfg.env)
+
+
+def policy_path(cfg: Config, env: Env) -> str:
+    """The policy file the gate enforces: `cfg.policy`, else the environment's own, else none ("")."""
+    return cfg.policy or str(getattr(env, "policy_file", ""))
+
+
+def build_gate(cfg: Config, env: Env, enforce: bool = True) -> Gate | None:
+    """The gate of `cfg.policy`, or of the environment's own policy file (`env.policy_file`,
+    e.g. hotel's), or allow-all; logging to RUN_DIR/audit.jsonl if `cfg.audit`. None when
+    there is neither a policy nor an audit log, for the engine's own allow-all gate.
+    enforce=False is shadow mode: violations are counted, not prevented."""
+    path = policy_path(cfg, env)
+    if not path and not cfg.audit:
+        return None
+    policy = Policy.load(path) if path else allow_all_policy()
+    audit = AuditLog(Path(cfg.run_dir) / "audit.jsonl", durable=False) if cfg.audit else None
+    return Gate(policy, env.tools, audit=audit, enforce=enforce)
+
+
+def hf_backend(policy: PolicyModel, generator: torch.Generator, temperature: float) -> HFBackend:
+    """Sampling from the local model at `temperature`, with its stop and pad ids."""
+    return HFBackend(policy.model, policy.stop_ids, policy.pad_id, generator, temperature)
+
+
+def build_engine(
+    cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float, enforce: bool = True
+) -> RolloutEngine:
+    """The rollout engine of `cfg.env` sampling from `policy` at `temperature` (RL's
+    `temperature` or evaluation's `eval_temperature`), through the config's gate."""
+    env = build_env(cfg)
+    template = make_template(cfg.compact_tools_prompt)
+    backend = hf_backend(policy, generator, temperature)
+    gate = build_gate(cfg, env, enforce)
+    return RolloutEngine(env, template, policy.encode, policy.decode, backend, episode_limits(cfg), gate)

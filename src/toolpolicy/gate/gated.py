@@ -1,0 +1,53 @@
+"""One gated call: the gate's decision and the episode ledger, the same for every caller.
+
+The rollout engine, the chat-completions engine and the MCP proxy run a tool call
+the same way: `admit` asks the gate (which logs the decision once) and records a
+call that will not run; the caller runs an admitted call its own way (a ToolSet,
+an HTTP endpoint's tools, an upstream MCP server) and `settle` records what it did.
+A fix to gating lands here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from toolpolicy.gate.decide import Decision, Gate
+from toolpolicy.gate.ledger import Ledger
+from toolpolicy.types import ToolCall
+
+MALFORMED_RULES = frozenset({"gate:unknown_tool", "gate:invalid_arguments"})
+"""The gate's own checks that are the model's malformed calls, not policy violations."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The gate's decision on a call and what follows from it."""
+
+    decision: Decision
+    runs: bool
+    """Whether the call goes on to its tool: allowed, or denied by a policy rule of a gate
+    in shadow mode (counted as a violation, not prevented)."""
+    malformed: bool
+    """Denied by the gate's own checks (unknown tool, arguments that break the schema):
+    the model's malformed call, which never runs, shadow mode or not."""
+
+
+def admit(gate: Gate, ledger: Ledger, call: ToolCall) -> Admission:
+    """Decide on `call` (the gate appends the decision to its audit log, once) and record
+    in the ledger a call that will not run. Raises AuditError when the log cannot be written:
+    the caller must not run the call then."""
+    decision = gate.decide(call, ledger)
+    malformed = bool(MALFORMED_RULES.intersection(decision.rule_ids))
+    runs = decision.allowed or (not gate.enforce and not malformed)
+    if not runs:
+        ledger.record(call, "denied")
+    return Admission(decision, runs, malformed)
+
+
+def settle(ledger: Ledger, call: ToolCall, ok: bool, facts: Mapping[str, Any] | None = None) -> None:
+    """Record an admitted call that ran: whether it succeeded, and the facts it established
+    (e.g. {"user_verified": True}), which later policy conditions read as `state`."""
+    ledger.record(call, "ok" if ok else "error")
+    ledger.facts.update(facts or {})

@@ -1,0 +1,177 @@
+"""The README's results tables, rendered from the eval summaries committed under docs/results/.
+
+    python -m toolpolicy.report.readme_tables publish runs/demo/eval/sft.json runs/demo/eval/rl.json --to docs/results/demo
+    python -m toolpolicy.report.readme_tables render demo     # prints the markdown table to paste into README.md
+
+`publish` copies eval summaries (eval/NAME.json, keys from toolpolicy.eval.metrics.summarize)
+into the repository, adds `published_from` (the file it copied) and copies the eval's
+resolved config (NAME.config.yaml) beside it. tests/test_readme_results.py renders every
+table from those files and requires README.md to contain it verbatim, so a figure in the
+README is always one the eval wrote. The tables carry no bold: a cell to stress is
+stressed in the prose around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from toolpolicy.report.comparison import format_value
+from toolpolicy.report.run_files import RunFileError, read_eval
+
+RESULTS = Path("docs/results")
+"""Where published summaries live, one folder per table, relative to the repository root."""
+
+
+def demo_table(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The main job's before/after table: SFT vs RL on `calc`'s held-out tasks.
+
+    Changes of rates are in percentage points; of the needless easy calls, relative
+    (the goal was to at least halve them); of the hard calls, a difference.
+    """
+
+    def rate(label: str, *keys: str) -> tuple[str, ...]:
+        b, a = _value(before, *keys), _value(after, *keys)
+        return label, _percent(b), _percent(a), f"{(a - b) * 100:+.1f} pts"
+
+    easy_b, easy_a = (_value(s, "by_difficulty", "easy", "tool_calls_per_episode") for s in (before, after))
+    hard_b, hard_a = (_value(s, "by_difficulty", "hard", "tool_calls_per_episode") for s in (before, after))
+    relative = f"{(easy_a - easy_b) / easy_b * 100:+.0f}%" if easy_b else "n/a"
+    return _markdown(
+        ("held-out", "SFT (before)", "RL (after)", "change"),
+        [
+            rate("accuracy", "accuracy"),
+            rate("accuracy, easy", "by_difficulty", "easy", "accuracy"),
+            rate("accuracy, hard", "by_difficulty", "hard", "accuracy"),
+            ("tool calls / episode, easy (all needless)", _count(easy_b), _count(easy_a), relative),
+            ("tool calls / episode, hard", _count(hard_b), _count(hard_a), f"{hard_a - hard_b:+.2f}"),
+            rate("invalid-call rate", "invalid_call_rate"),
+            rate("pass^4 (all 4 samples right)", "pass_hat_k", "4"),
+        ],
+    )
+
+
+def hotel_table(
+    sft_off: dict[str, Any], rl_off: dict[str, Any], sft_on: dict[str, Any], rl_on: dict[str, Any]
+) -> str:
+    """The hotel desk's table: SFT and RL models, each with the gate off (shadow) and on."""
+    columns = (sft_off, rl_off, sft_on, rl_on)
+
+    def row(label: str, show: Callable[[dict[str, Any]], str]) -> tuple[str, ...]:
+        return label, *(show(summary) for summary in columns)
+
+    def pair(first: str, second: str) -> Callable[[dict[str, Any]], str]:
+        def show(s: dict[str, Any]) -> str:
+            a, b = (_value(s, "by_category", c, "accuracy") for c in (first, second))
+            return f"{a * 100:.1f} / {b * 100:.1f}%"
+        return show
+
+    return _markdown(
+        ("", "SFT, gate off", "RL, gate off", "SFT, gate on", "RL, gate on"),
+        [
+            row("success (pass^1)", lambda s: _percent(_value(s, "pass_hat_k", "1"))),
+            *(row(f"pass^{k}", lambda s, k=k: _percent(_value(s, "pass_hat_k", str(k)))) for k in (2, 3, 4)),
+            row("violation attempts / episode", lambda s: _count(_value(s, "violations_per_episode"))),
+            row("violating calls that ran / episode", lambda s: _count(_value(s, "violations_run_per_episode"))),
+            row("silent wrong-state writes / episode", lambda s: f"{_value(s, 'wrong_writes_per_episode'):.3f}"),
+            row("malformed calls", lambda s: _percent(_value(s, "invalid_call_rate"))),
+            row("success: feasible / forbidden", pair("feasible", "forbidden")),
+            row("success: ambiguous / multi-step", pair("ambiguous", "multi_step")),
+            row("tool calls / episode", lambda s: _count(_value(s, "tool_calls_per_episode"))),
+        ],
+    )
+
+
+TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
+    "demo": (demo_table, ("sft", "rl")),
+    "hotel": (hotel_table, ("sft-gate-off", "rl-gate-off", "sft-gate-on", "rl-gate-on")),
+}
+"""Each table: its renderer and the eval names of its columns, in the renderer's argument order."""
+
+
+def summary_paths(table: str, results: Path = RESULTS) -> list[Path]:
+    """The files a table is rendered from: results/TABLE/NAME.json for each column."""
+    return [results / table / f"{name}.json" for name in TABLES[table][1]]
+
+
+def render(table: str, results: Path = RESULTS) -> str:
+    """The table as markdown; FileNotFoundError naming every missing summary."""
+    paths = summary_paths(table, results)
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the {table} table needs {', '.join(missing)}: run the evals and `publish` them")
+    renderer, _ = TABLES[table]
+    return renderer(*(read_eval(p) for p in paths))
+
+
+def publish(sources: list[Path], to: Path) -> list[Path]:
+    """Copy eval summaries into `to`, each with `published_from` added, and their configs beside them."""
+    to.mkdir(parents=True, exist_ok=True)
+    written = []
+    for source in sources:
+        summary = read_eval(source)
+        if summary is None:
+            raise RunFileError(f"{source}: no such eval summary")
+        target = to / source.name
+        target.write_text(json.dumps({**summary, "published_from": str(source)}, indent=2) + "\n")
+        written.append(target)
+        config = source.with_name(f"{source.stem}.config.yaml")
+        if config.is_file():
+            shutil.copyfile(config, to / config.name)
+            written.append(to / config.name)
+    return written
+
+
+def _value(summary: dict[str, Any], *keys: str) -> float:
+    """summary[k1][k2]...; a ValueError naming the summary and the keys if absent."""
+    value: Any = summary
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"eval summary {summary.get('name', '?')!r} has no number at {'.'.join(keys)}")
+    return float(value)
+
+
+def _percent(value: float) -> str:
+    return format_value(value, "rate")
+
+
+def _count(value: float) -> str:
+    return format_value(value, "count")
+
+
+def _markdown(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Cells padded by one space as README.md writes them: `| a | b |`, `|---|---|`, `| |` when empty."""
+    lines = ["|" + "|".join(f" {cell} " if cell else " " for cell in line) + "|" for line in [header, *rows]]
+    return "\n".join([lines[0], "|" + "---|" * len(header), *lines[1:]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolpolicy.report.readme_tables", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    pub = commands.add_parser("publish", help="copy eval summaries (RUN_DIR/eval/NAME.json) into the repository")
+    pub.add_argument("summaries", type=Path, nargs="+")
+    pub.add_argument("--to", type=Path, required=True, help=f"e.g. {RESULTS}/demo")
+    show = commands.add_parser("render", help="print a README table from the published summaries")
+    show.add_argument("table", choices=sorted(TABLES))
+    show.add_argument("--results", type=Path, default=RESULTS, help="the folder holding one folder per table")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "publish":
+            for path in publish(args.summaries, args.to):
+                print(f"wrote {path}")
+        else:
+            print(render(args.table, args.results))
+    except (FileNotFoundError, ValueError) as err:  # RunFileError is a ValueError
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""README.md's results tables and checkpoint hash equal the committed files they come from.
+
+A table's figures are eval summaries published under docs/results/TABLE/ and rendered by
+toolpolicy.report.readme_tables. To refresh one: run the evals, then
+
+    python -m toolpolicy.report.readme_tables publish RUN_DIR/eval/NAME.json ... --to docs/results/TABLE
+    python -m toolpolicy.report.readme_tables render TABLE    # paste into README.md
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from toolpolicy.report.readme_tables import demo_table, hotel_table, main, render, summary_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+README = ROOT / "README.md"
+CHECKPOINT_HASH = RESULTS / "calc-sft.sha256"
+
+
+def assert_readme_shows(table: str) -> None:
+    missing = [str(p.relative_to(ROOT)) for p in summary_paths(table, RESULTS) if not p.is_file()]
+    if missing:
+        pytest.fail(f"README.md's {table} table has no published source: missing {', '.join(missing)}. Run the evals, then "
+                    f"`python -m toolpolicy.report.readme_tables publish RUN_DIR/eval/NAME.json ... --to docs/results/{table}`",
+                    pytrace=False)
+    rendered = render(table, RESULTS)
+    if rendered not in README.read_text():
+        pytest.fail(f"README.md's {table} table differs from docs/results/{table}/; it should read:\n{rendered}", pytrace=False)
+
+
+def test_readme_demo_table_is_the_published_eval():
+    assert_readme_shows("demo")
+
+
+HOTEL_RL_MISSING = not all(p.is_file() for p in summary_paths("hotel", RESULTS) if p.stem.startswith("rl-"))
+
+
+@pytest.mark.xfail(HOTEL_RL_MISSING, reason="hotel RL checkpoint not shipped; docs/results/hotel missing", strict=True)
+def test_readme_hotel_table_is_the_published_eval():
+    assert_readme_shows("hotel")
+
+
+def test_readme_quotes_the_recorded_hash_of_the_shipped_checkpoint():
+    digest, path = CHECKPOINT_HASH.read_text().split()  # sha256sum's "HASH  PATH", checkable with sha256sum -c
+    assert path == "checkpoints/calc-sft/model.safetensors"
+    assert hashlib.sha256((ROOT / path).read_bytes()).hexdigest() == digest, f"{path} is not the file {CHECKPOINT_HASH} records"
+    assert f"`{digest}`" in README.read_text(), f"README.md does not quote the SHA-256 in {CHECKPOINT_HASH}"
+
+
+def calc_summary(accuracy, easy, hard, calls_easy, calls_hard, invalid, pass4):
+    by_difficulty = {"easy": {"accuracy": easy, "tool_calls_per_episode": calls_easy},
+                     "hard": {"accuracy": hard, "tool_calls_per_episode": calls_hard}}
+    return {"accuracy": accuracy, "by_difficulty": by_difficulty, "invalid_call_rate": invalid, "pass_hat_k": {"4": pass4}}
+
+
+def test_demo_table_rows_and_formats():
+    before = calc_summary(0.6567, 0.9914, 0.3350, 0.3844, 0.3562, 0.0711, 0.47333)
+    after = calc_summary(0.9650, 0.9677, 0.9624, 0.0, 1.0, 0.0, 0.9100)
+    # changes from the unrounded values: easy 96.77 - 99.14 = -2.37 -> -2.4 pts; hard calls 1 - 0.3562 = +0.64;
+    # easy calls relative, (0 - 0.3844) / 0.3844 = -100%; pass^4 91.00 - 47.333 = +43.67 -> +43.7 pts
+    assert demo_table(before, after) == """\
+| held-out | SFT (before) | RL (after) | change |
+|---|---|---|---|
+| accuracy | 65.7% | 96.5% | +30.8 pts |
+| accuracy, easy | 99.1% | 96.8% | -2.4 pts |
+| accuracy, hard | 33.5% | 96.2% | +62.7 pts |
+| tool calls / episode, easy (all needless) | 0.38 | 0.00 | -100% |
+| tool calls / episode, hard | 0.36 | 1.00 | +0.64 |
+| invalid-call rate | 7.1% | 0.0% | -7.1 pts |
+| pass^4 (all 4 samples right) | 47.3% | 91.0% | +43.7 pts |"""
+
+
+def test_demo_table_without_easy_calls_before_has_no_relative_change():
+    summary = calc_summary(0.5, 1.0, 0.0, 0.0, 0.0, 0.0, 0.25)
+    assert "| tool calls / episode, easy (all needless) | 0.00 | 0.00 | n/a |" in demo_table(summary, summary)
+
+
+def test_demo_table_names_a_missing_figure():
+    summary = calc_summary(0.5, 1.0, 0.0, 0.0, 0.0, 0.0, 0.25)
+    del summary["pass_hat_k"]
+    with pytest.raises(ValueError, match=r"'sft' has no number at pass_hat_k\.4"):
+        demo_table({**summary, "name": "sft"}, summary)
+
+
+def hotel_summary(pass_hat, violations, ran, wrong_writes, malformed, categories, calls):
+    return {
+        "pass_hat_k": {str(k): p for k, p in enumerate(pass_hat, start=1)},
+        "violations_per_episode": violations, "violations_run_per_episode": ran,
+        "wrong_writes_per_episode": wrong_writes, "invalid_call_rate": malformed, "tool_calls_per_episode": calls,
+        "by_category": {c: {"accuracy": a} for c, a in zip(("feasible", "forbidden", "ambiguous", "multi_step"), categories)},
+    }
+
+
+def test_hotel_table_rows_and_formats():
+    sft_off = hotel_summary((0.6833, 0.5667, 0.5125, 0.4833), 0.967, 0.967, 0.0042, 0.027, (0.879, 0.278, 0.812, 0.8), 2.57)
+    rl_off = hotel_summary((0.9125, 0.875, 0.8375, 0.8), 0.033, 0.033, 0.0208, 0.010, (0.922, 0.917, 0.875, 0.9), 2.82)
+    sft_on = hotel_summary((0.4375, 0.2306, 0.1292, 0.0833), 1.05, 0.0, 0.0833, 0.173, (0.517, 0.347, 0.375, 0.4), 2.35)
+    rl_on = hotel_summary((0.9167, 0.8833, 0.85, 0.8167), 0.021, 0.0, 0.0208, 0.009, (0.922, 0.917, 0.875, 0.95), 2.79)
+    assert hotel_table(sft_off, rl_off, sft_on, rl_on) == """\
+| | SFT, gate off | RL, gate off | SFT, gate on | RL, gate on |
+|---|---|---|---|---|
+| success (pass^1) | 68.3% | 91.2% | 43.8% | 91.7% |
+| pass^2 | 56.7% | 87.5% | 23.1% | 88.3% |
+| pass^3 | 51.2% | 83.8% | 12.9% | 85.0% |
+| pass^4 | 48.3% | 80.0% | 8.3% | 81.7% |
+| violation attempts / episode | 0.97 | 0.03 | 1.05 | 0.02 |
+| violating calls that ran / episode | 0.97 | 0.03 | 0.00 | 0.00 |
+| silent wrong-state writes / episode | 0.004 | 0.021 | 0.083 | 0.021 |
+| malformed calls | 2.7% | 1.0% | 17.3% | 0.9% |
+| success: feasible / forbidden | 87.9 / 27.8% | 92.2 / 91.7% | 51.7 / 34.7% | 92.2 / 91.7% |
+| success: ambiguous / multi-step | 81.2 / 80.0% | 87.5 / 90.0% | 37.5 / 40.0% | 87.5 / 95.0% |
+| tool calls / episode | 2.57 | 2.82 | 2.35 | 2.79 |"""
+
+
+def test_publish_then_render(tmp_path, capsys):
+    evals = tmp_path / "run" / "eval"
+    evals.mkdir(parents=True)
+    for name, summary in (("sft", calc_summary(0.5, 1.0, 0.0, 0.5, 0.0, 0.1, 0.25)),
+                          ("rl", calc_summary(0.75, 1.0, 0.5, 0.25, 1.0, 0.0, 0.5))):
+        (evals / f"{name}.json").write_text(json.dumps({"name": name, **summary}))
+    (evals / "sft.config.yaml").write_text("env: calc\n")
+    results = tmp_path / "results"
+
+    assert main(["publish", str(evals / "sft.json"), "--to", str(results / "demo")]) == 0
+    published = json.loads((results / "demo" / "sft.json").read_text())
+    assert published["published_from"] == str(evals / "sft.json") and published["accuracy"] == 0.5
+    assert (results / "demo" / "sft.config.yaml").read_text() == "env: calc\n"
+    capsys.readouterr()
+    assert main(["render", "demo", "--results", str(results)]) == 1
+    assert f"needs {results / 'demo' / 'rl.json'}:" in capsys.readouterr().err
+
+    assert main(["publish", str(evals / "rl.json"), "--to", str(results / "demo")]) == 0
+    capsys.readouterr()
+    assert main(["render", "demo", "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| held-out | SFT (before) | RL (after) | change |\n")
+    assert "| tool calls / episode, easy (all needless) | 0.50 | 0.25 | -50% |" in out
