@@ -16,7 +16,8 @@ from toolpolicy.config import ConfigError, load_config
 from toolpolicy.rewards import Rubric, Score
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.credit import productive_turns, reward_matrix, update_mask
-from toolpolicy.trainer.rl import algorithm_of, rubric_of
+from toolpolicy.build import build_rubric
+from toolpolicy.trainer.rl import algorithm_of
 from toolpolicy.types import Episode, Event, Message, Task
 
 SMOKE = Path(__file__).parent.parent / "src" / "toolpolicy" / "configs" / "smoke.yaml"
@@ -124,14 +125,14 @@ def test_gdpo_as_the_trainer_computes_it_by_hand() -> None:
 
 def test_the_overlong_penalty_is_a_rubric_term() -> None:
     cfg = load_config(SMOKE, ["algorithm=dapo", "max_tokens=20", "overlong_buffer=0.2"])
-    rubric = rubric_of(cfg, {"correct_answer": 1.0})
+    rubric = build_rubric(cfg, {"correct_answer": 1.0})
     assert [(t.name, t.weight) for t in rubric.terms] == [("correct_answer", 1.0), ("overlong", 1.0)]
     # L_max 20, buffer int(0.2 * 20) = 4: 18 response tokens -> (16 - 18) / 4 = -0.5; right answer 1.
     episode = Episode(Task("t", "q", "4"), [Message("assistant", "Answer: 4")], response_tokens=18)
     score = rubric.score(episode)
     assert score.components == {"correct_answer": 1.0, "overlong": -0.5} and score.total == 0.5
-    assert [t.name for t in rubric_of(load_config(SMOKE, ["algorithm=grpo"]), {"correct_answer": 1.0}).terms] == ["correct_answer"]
-    longer = rubric_of(load_config(SMOKE, ["algorithm=dapo", "max_tokens=20", "overlong_length=40"]), {})
+    assert [t.name for t in build_rubric(load_config(SMOKE, ["algorithm=grpo"]), {"correct_answer": 1.0}).terms] == ["correct_answer"]
+    longer = build_rubric(load_config(SMOKE, ["algorithm=dapo", "max_tokens=20", "overlong_length=40"]), {})
     assert longer.score(episode).components["overlong"] == 0.0  # L_max 40, buffer 8: 18 is far below 32
 
 

@@ -1,4 +1,4 @@
-"""What every command builds from a config: the run folder, the environment, its gate and the engine.
+"""What every command builds from a config: the run folder, the environment, its gate, the Rubric and the engine.
 
 Each function takes the Config and returns one part, so the trainer, evaluation and
 the demo assemble the same parts the same way; the parts themselves (envs/, gate/,
@@ -15,6 +15,7 @@ from toolpolicy.config import Config, save_config
 from toolpolicy.envs import Env, hotel, make_env
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import PolicyModel, make_template
+from toolpolicy.rewards import Rubric, overlong
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, allow_all_policy
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
 
@@ -61,6 +62,17 @@ def build_gate(cfg: Config, env: Env, enforce: bool = True) -> Gate | None:
     policy = Policy.load(path) if path else allow_all_policy()
     audit = AuditLog(Path(cfg.run_dir) / "audit.jsonl", durable=False) if cfg.audit else None
     return Gate(policy, env.tools, audit=audit, enforce=enforce)
+
+
+def build_rubric(cfg: Config, default_rewards: dict[str, float]) -> Rubric:
+    """The config's reward weights (or the environment's `default_rewards`), plus DAPO's
+    overlong penalty as the term `overlong` when `overlong_penalty` is set: the one Rubric
+    that training optimises and evaluation reports."""
+    rubric = Rubric.from_weights(cfg.rewards or default_rewards)
+    if cfg.overlong_penalty == 0:
+        return rubric
+    length = cfg.overlong_length or cfg.max_tokens
+    return rubric.with_term("overlong", overlong(length, int(cfg.overlong_buffer * length)), cfg.overlong_penalty)
 
 
 def hf_backend(policy: PolicyModel, generator: torch.Generator, temperature: float) -> HFBackend:

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from toolpolicy.build import build_engine, build_env, build_gate, episode_limits, policy_path
+from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, policy_path
 from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
 from toolpolicy.model import PolicyModel
-from toolpolicy.rewards import REWARD_FUNCTIONS, Rubric
+from toolpolicy.rewards import REWARD_FUNCTIONS
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
 from toolpolicy.config import Config, ConfigError, save_config
 from toolpolicy.types import Episode, Task
@@ -55,7 +55,7 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
         env, episodes = _run_endpoint(cfg, name, gate)
     else:
         env, episodes = _run_checkpoint(cfg, checkpoint, name, gate)
-    rubric = Rubric.from_weights(cfg.rewards or env.default_rewards)
+    rubric = build_rubric(cfg, env.default_rewards)
     success = REWARD_FUNCTIONS[env.success_reward]
 
     records, rows = [], []

@@ -1,8 +1,8 @@
 """Checkpoints that resume exactly, and the run's metrics log.
 
 A checkpoint is a Hugging Face model folder plus `trainer_state.pt` (optimizer,
-LR schedule, RNG states, step, and where the run's audit log ended). It is written to a temporary folder and renamed
-into place, so a process killed mid-write leaves the previous checkpoint intact
+LR schedule, RNG states, step, and where the run's audit log ended). It is
+written to a temporary folder and renamed into place, so a process killed mid-write leaves the previous checkpoint intact
 and never a half-written one. The data cursor of both loops is a pure function
 of the step, so the step is the cursor.
 """

@@ -30,14 +30,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import Algorithm, first_groups
-from toolpolicy.build import build_engine
+from toolpolicy.build import build_engine, build_rubric
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.gate import rewind
 from toolpolicy.model import PolicyModel, load_policy
-from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, overlong, policy_violation
+from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
 from toolpolicy.rollout import RolloutEngine, Trajectory
 from toolpolicy.trainer.batch import TokenBatch, collate, forward_logprobs, micro_batches
-from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
+from toolpolicy.trainer.checkpoint import MetricsLog, Restored, latest_checkpoint, restore_state, save_checkpoint, save_final
 from toolpolicy.trainer.credit import (
     Credit,
     EpisodeFilter,
@@ -186,16 +186,6 @@ def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success
     return out
 
 
-def rubric_of(cfg: Config, default_rewards: dict[str, float]) -> Rubric:
-    """The config's reward weights (or the environment's), plus DAPO's overlong penalty as
-    the term `overlong` when `overlong_penalty` is set."""
-    rubric = Rubric.from_weights(cfg.rewards or default_rewards)
-    if cfg.overlong_penalty == 0:
-        return rubric
-    length = cfg.overlong_length or cfg.max_tokens
-    return rubric.with_term("overlong", overlong(length, int(cfg.overlong_buffer * length)), cfg.overlong_penalty)
-
-
 def algorithm_of(cfg: Config) -> tuple[Algorithm, Credit, tuple[EpisodeFilter, ...]]:
     """The objective, the credit and the episode filters the config names, chosen once."""
     algorithm = Algorithm.named(
@@ -222,10 +212,11 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     warmup = max(1, cfg.rl_warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     sampler = torch.Generator().manual_seed(cfg.seed)
-    start, audit_seq = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else (0, None)
+    restored = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else Restored(0, None)
+    start, audit_seq = restored.step, restored.audit_seq
     audit_start = phase_dir / AUDIT_START
-    if resume and audit_start.exists():  # where RL's first decision went, if no checkpoint says better
-        audit_seq = audit_seq if audit_seq is not None else int(audit_start.read_text())
+    if audit_seq is None and resume and audit_start.exists():  # no checkpoint yet: cut back to RL's start
+        audit_seq = int(audit_start.read_text())
     if cfg.audit and audit_seq is not None:  # the steps after it are about to be taken again
         rewind(run_dir / "audit.jsonl", audit_seq)
     engine = build_engine(cfg, policy, sampler, cfg.temperature)
@@ -233,7 +224,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     if audit is not None and not resume:
         phase_dir.mkdir(parents=True, exist_ok=True)
         audit_start.write_text(str(audit.last_seq))
-    rubric = rubric_of(cfg, engine.env.default_rewards)
+    rubric = build_rubric(cfg, engine.env.default_rewards)
     success = REWARD_FUNCTIONS[engine.env.success_reward]
     log = MetricsLog(run_dir / "metrics.jsonl")
     log.rewind("rl", start)
