@@ -20,3 +20,19 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code = main(["demo", "--config", str(SMOKE), "--set", f"run_dir={run_dir}"])
     assert code == 0
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def family_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """`family -> Path`: a tiny random checkpoint of a real chat-model family (tests/families.py),
+    built on first use and reused for the rest of the session."""
+    from families import build_family_checkpoint
+
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_family_checkpoint(family, tmp_path_factory.mktemp(f"family-{family}"))
+        return built[family]
+
+    return get

@@ -161,3 +161,81 @@ def test_render_then_parse_round_trip(content: str, calls: list[ToolCall]) -> No
     assert turn.errors == ()
     assert turn.content == content
     assert turn.tool_calls == tuple(calls)
+
+
+# --- other families' call syntaxes ----------------------------------------------------
+
+LLAMA_STOPS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+
+
+def llama(text: str) -> object:
+    return parse_assistant(text, syntax="llama3_json", stops=LLAMA_STOPS)
+
+
+def test_llama3_json_call_with_parameters_and_python_tag() -> None:
+    turn = llama('{"name": "calculator", "parameters": {"expression": "2+2"}}<|eot_id|>')
+    assert (turn.content, turn.tool_calls, turn.errors) == ("", (ToolCall("calculator", {"expression": "2+2"}),), ())
+    assert llama('<|python_tag|>{"name": "calculator", "arguments": {"expression": "2+2"}}<|eom_id|>').tool_calls == turn.tool_calls
+
+
+def test_llama3_json_several_calls_and_plain_answers() -> None:
+    turn = llama('{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}')
+    assert turn.tool_calls == (ToolCall("a", {"x": 1}), ToolCall("b", {}))
+    answer = llama("The answer is {x}.<|eot_id|>junk")
+    assert (answer.content, answer.tool_calls, answer.errors) == ("The answer is {x}.", (), ())
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [('{"name": "a", "parameters": {"x": 1}', "bad_json"), ('{"parameters": {}}', "missing_name"), ('{"name": "a", "parameters": [1]}', "bad_arguments")],
+)
+def test_llama3_json_errors(text: str, kind: str) -> None:
+    turn = llama(text)
+    assert turn.tool_calls == () and [e.kind for e in turn.errors] == [kind]
+
+
+MISTRAL_STOPS = ("</s>",)
+
+
+def mistral(text: str) -> object:
+    return parse_assistant(text, syntax="mistral", stops=MISTRAL_STOPS)
+
+
+def test_mistral_json_array_keeps_ids() -> None:
+    turn = mistral('Sure.[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}, "id": "abcdef123"}, {"name": "b", "arguments": {}}]</s>')
+    assert turn.content == "Sure."
+    assert turn.tool_calls == (ToolCall("a", {"x": 1}, "abcdef123"), ToolCall("b", {}))
+
+
+def test_mistral_v11_name_args_form() -> None:
+    turn = mistral('[TOOL_CALLS]a[ARGS]{"x": 1}[TOOL_CALLS]b[CALL_ID]zyxwvu987[ARGS]{}</s>')
+    assert turn.tool_calls == (ToolCall("a", {"x": 1}), ToolCall("b", {}, "zyxwvu987"))
+
+
+def test_mistral_errors() -> None:
+    assert [e.kind for e in mistral("[TOOL_CALLS]not a call").errors] == ["bad_json"]
+    assert [e.kind for e in mistral('[TOOL_CALLS][{"name": "a", "arguments": {}').errors] == ["bad_json"]
+    assert [e.kind for e in mistral('[TOOL_CALLS][{"arguments": {}}]').errors] == ["missing_name"]
+
+
+def test_reasoning_is_split_off_and_calls_inside_it_are_not_calls() -> None:
+    text = f"<think>\nMaybe {CALL}?\n</think>\n\nI'll compute.\n{CALL}<|im_end|>"
+    turn = parse_assistant(text, reasoning=True)
+    assert turn.reasoning == f"Maybe {CALL}?"
+    assert (turn.content, len(turn.tool_calls)) == ("I'll compute.", 1)
+    # a </think> whose opener was in the prompt, and a turn cut while thinking
+    opened_by_prompt = parse_assistant("plan</think>done", reasoning=True)
+    assert (opened_by_prompt.reasoning, opened_by_prompt.content) == ("plan", "done")
+    cut = parse_assistant(f"<think>still {CALL}", reasoning=True)
+    assert (cut.reasoning, cut.content, cut.tool_calls) == (f"still {CALL}", "", ())
+    # without reasoning the block is content and its call is a call
+    assert len(parse_assistant(text).tool_calls) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(list('{}[]":;, abx\n') + ["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "<think>", "</think>", '"name"']), max_size=40))
+def test_other_syntaxes_never_raise(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    for syntax in ("llama3_json", "mistral"):
+        turn = parse_assistant(text, syntax=syntax, stops=(), reasoning=True)
+        assert all(isinstance(e.message, str) and e.message for e in turn.errors)

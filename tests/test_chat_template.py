@@ -135,7 +135,7 @@ def test_special_tokens() -> None:
         "<tool_response>",
         "</tool_response>",
     )
-    assert HermesTemplate().stop == "<|im_end|>"
+    assert HermesTemplate().end_of_turn == "<|im_end|>"
 
 
 def test_render_hand_written() -> None:

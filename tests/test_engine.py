@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from toolpolicy.chat import HermesTemplate
 from toolpolicy.envs import CalcEnv
 from toolpolicy.envs.calc import ExpertStyle
-from toolpolicy.model import codec, load_policy, make_template, pad_id
+from toolpolicy.model import PolicyModel, codec, load_policy, make_template
 from toolpolicy.model.embedded import train_tokenizer
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, ScriptedBackend
 from toolpolicy.rollout.backends import Generation, GenRequest
@@ -111,17 +111,15 @@ def test_budgets_truncate_and_say_so():
 
 def test_rollout_logprobs_match_trainer_recompute_on_multi_turn(smoke_run):
     """DESIGN contract 1: the trainer's logprobs on an unchanged model equal the rollout's."""
-    model, tok = load_policy(smoke_run / "sft" / "final")
-    encode, decode = codec(tok)
-    from toolpolicy.model import pad_id, stop_ids
-
-    backend = HFBackend(model, stop_ids(tok), pad_id(tok), torch.Generator().manual_seed(0), temperature=1.0)
-    engine = RolloutEngine(CalcEnv(), TEMPLATE, encode, decode, backend, Limits())
+    policy = PolicyModel.load(smoke_run / "sft" / "final")
+    model = policy.model
+    backend = HFBackend(model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
+    engine = RolloutEngine(CalcEnv(), policy.chat, policy.encode, policy.decode, backend, Limits())
     tasks = [t for t in CalcEnv().tasks("eval", 16, seed=5) for _ in range(4)]
     trajectories = engine.run(tasks)
     multi = [t for t in trajectories if len(t.turn_spans) >= 2]
     assert len(multi) >= 4, "the SFT model should call the tool in some episodes"
-    batch = collate(trajectories, pad_id(tok))
+    batch = collate(trajectories, policy.pad_id)
     with torch.no_grad():
         recomputed, _ = forward_logprobs(model, batch)
     mask = batch.loss_mask.bool()
@@ -385,7 +383,7 @@ def test_sampled_ids_survive_unchanged_on_a_real_bpe(calc_bpe):
     assert backend.requests == [prompt, ids[: second[0]]]
     assert backend.requests[1][first[0] : first[1]] == call_ids
 
-    batch = collate([trajectory], pad_id(calc_bpe))
+    batch = collate([trajectory], calc_bpe.pad_token_id)
     assert batch.input_ids[0].tolist() == ids
     for (start, end), turn, turn_logp in ((first, call_ids, call_logp), (second, answer_ids, answer_logp)):
         # Position t predicts token t + 1: the turn's targets sit one to the left.
@@ -403,7 +401,7 @@ def test_padding_is_never_a_sampled_target(calc_bpe):
     long, short = engine.run(CalcEnv().tasks("train", 1, seed=3) * 2)
     assert len(long.token_ids) > len(short.token_ids)
     assert long.loss_mask[-1] == short.loss_mask[-1] == 1  # the padding starts right after a sampled token
-    pad = pad_id(calc_bpe)
+    pad = calc_bpe.pad_token_id
     batch = collate([long, short], pad)
     width = batch.input_ids.shape[1]
     assert width == len(long.token_ids)

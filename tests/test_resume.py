@@ -5,6 +5,7 @@ uninterrupted run logs; the audit log holds each decision once, not the replayed
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,10 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
 from toolpolicy.cli import main
 from toolpolicy.gate import verify
+from toolpolicy.model.files import CheckpointError
+from toolpolicy.trainer.checkpoint import STATE_FILE, checkpoint_dirs, latest_checkpoint, save_checkpoint
 
 from conftest import SMOKE
+from test_bad_files import cut, damage_pickle
 
 # The moment each run is killed with SIGKILL: right after the n-th call of a function,
 # counting only calls made after the m-th call of another one (m = 0: from the start).
@@ -155,3 +161,80 @@ def test_killed_sft_resumes_exactly(killer: str, straight_sft: Path, tmp_path: P
     assert _metrics(run_dir, "sft") == _metrics(straight_sft, "sft")
     straight = (straight_sft / "sft" / "final" / "model.safetensors").read_bytes()
     assert (run_dir / "sft" / "final" / "model.safetensors").read_bytes() == straight
+
+
+# --- a damaged newest checkpoint: resume falls back to the one before it --------------------
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path: Path) -> Path:
+    """A phase folder with checkpoints step_000002 and step_000004 of a tiny model."""
+    tokenizer = AutoTokenizer.from_pretrained(CALC_SFT)
+    shape = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), **shape))
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    phase_dir = tmp_path / "rl"
+    for step in (2, 4):
+        save_checkpoint(phase_dir, step, model, tokenizer, optimizer, scheduler, torch.Generator(), keep=2)
+    return phase_dir
+
+
+NEWEST_DAMAGE = {
+    # name: (what happens to step_000004, the file the warning names)
+    "weights cut short": (lambda c: cut(c / "model.safetensors", -1), "model.safetensors"),
+    "trainer state damaged": (lambda c: damage_pickle(c / STATE_FILE), STATE_FILE),
+    "trainer state cut short": (lambda c: cut(c / STATE_FILE, -100), STATE_FILE),
+    "trainer state missing": (lambda c: (c / STATE_FILE).unlink(), STATE_FILE),
+    "tokenizer missing": (lambda c: (c / "tokenizer.json").unlink(), ""),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(NEWEST_DAMAGE))
+def test_resume_passes_over_a_damaged_newest_checkpoint_and_keeps_it(damage: str, two_checkpoints: Path, capsys):
+    root = two_checkpoints / "checkpoints"
+    assert latest_checkpoint(two_checkpoints) == root / "step_000004"
+    spoil, name = NEWEST_DAMAGE[damage]
+    spoil(root / "step_000004")
+    before = _files(two_checkpoints)
+    assert latest_checkpoint(two_checkpoints) == root / "step_000002"
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith("warning: passing over checkpoint step_000004")
+    assert f"{root / 'step_000004' / name}: " in warnings[0]  # names the file at fault
+    assert _files(two_checkpoints) == before  # nothing deleted or rewritten
+
+
+def test_resume_with_no_whole_checkpoint_left_is_an_error(two_checkpoints: Path, capsys):
+    for checkpoint in checkpoint_dirs(two_checkpoints):
+        cut(checkpoint / "model.safetensors", -1)
+    with pytest.raises(CheckpointError, match="no checkpoint left to resume from, all 2 are damaged"):
+        latest_checkpoint(two_checkpoints)
+    assert [line.split(":")[0] for line in capsys.readouterr().err.splitlines()] == ["warning", "warning"]
+
+
+def test_rl_resume_past_a_damaged_last_checkpoint_is_exact_from_the_one_before(straight_rl: Path, tmp_path: Path, capsys):
+    run_dir = Path(shutil.copytree(straight_rl, tmp_path / "damaged"))
+    weights = run_dir / "rl" / "checkpoints" / "step_000004" / "model.safetensors"
+    cut(weights, -1)
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert f"warning: passing over checkpoint step_000004 for an earlier one: {weights}: truncated" in capsys.readouterr().err
+    assert [r["step"] for r in _metrics(run_dir, "rl")] == [1, 2, 3, 4]
+    assert _metrics(run_dir, "rl") == _metrics(straight_rl, "rl")
+    assert _decisions(run_dir / "audit.jsonl") == _decisions(straight_rl / "audit.jsonl")
+
+
+def test_resume_with_every_checkpoint_damaged_is_a_one_line_error(straight_rl: Path, tmp_path: Path, capsys):
+    run_dir = Path(shutil.copytree(straight_rl, tmp_path / "damaged"))
+    for checkpoint in checkpoint_dirs(run_dir / "rl"):
+        (checkpoint / STATE_FILE).write_bytes(b"")
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        f"toolpolicy train: error: {run_dir / 'rl' / 'checkpoints'}: no checkpoint left to resume from, all 2 are "
+        "damaged (the warnings above say how); run again without --resume to start this phase over"
+    )

@@ -14,7 +14,7 @@ import torch
 from toolpolicy.config import Config, save_config
 from toolpolicy.envs import Env, hotel, make_env
 from toolpolicy.gate import AuditLog, Gate, Policy
-from toolpolicy.model import PolicyModel, make_template
+from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.rewards import Rubric, overlong
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, allow_all_policy
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
@@ -75,6 +75,16 @@ def build_rubric(cfg: Config, default_rewards: dict[str, float]) -> Rubric:
     return rubric.with_term("overlong", overlong(length, int(cfg.overlong_buffer * length)), cfg.overlong_penalty)
 
 
+def chat_choice(cfg: Config) -> ChatChoice:
+    """How the policy's chat format is read: the config's chat_* fields."""
+    return ChatChoice(cfg.chat_format, cfg.chat_template, cfg.chat_template_kwargs)
+
+
+def load_policy_model(cfg: Config, path: str | Path) -> PolicyModel:
+    """The checkpoint at `path` in the chat format the config asks for."""
+    return PolicyModel.load(path, chat_choice(cfg))
+
+
 def hf_backend(policy: PolicyModel, generator: torch.Generator, temperature: float) -> HFBackend:
     """Sampling from the local model at `temperature`, with its stop and pad ids."""
     return HFBackend(policy.model, policy.stop_ids, policy.pad_id, generator, temperature)
@@ -86,7 +96,6 @@ def build_engine(
     """The rollout engine of `cfg.env` sampling from `policy` at `temperature` (RL's
     `temperature` or evaluation's `eval_temperature`), through the config's gate."""
     env = build_env(cfg)
-    template = make_template(cfg.compact_tools_prompt)
     backend = hf_backend(policy, generator, temperature)
     gate = build_gate(cfg, env, enforce)
-    return RolloutEngine(env, template, policy.encode, policy.decode, backend, episode_limits(cfg), gate)
+    return RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, episode_limits(cfg), gate)

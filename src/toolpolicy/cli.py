@@ -246,10 +246,13 @@ def _quiet_libraries() -> None:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     """Errors that mean the input is wrong (a config, a policy, a data file, a path), not the code."""
+    from toolpolicy.chat import ChatFormatError
     from toolpolicy.eval.bfcl import BfclFileError
     from toolpolicy.gate import PolicyError
+    from toolpolicy.model.files import CheckpointError
+    from toolpolicy.trainer.rl import TrainingStalled
 
-    return (ConfigError, PolicyError, BfclFileError, FileNotFoundError)
+    return (ConfigError, PolicyError, BfclFileError, FileNotFoundError, CheckpointError, TrainingStalled, ChatFormatError)
 
 
 def main(argv: list[str] | None = None) -> int:

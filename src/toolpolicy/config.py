@@ -52,7 +52,13 @@ class Config(BaseModel):
     tokenizer_texts: int = Field(2000, ge=10)
     """Embedded model: demonstration conversations the tokenizer is trained on."""
     compact_tools_prompt: bool = True
-    """Describe tools in a short system-prompt block instead of Qwen2.5's long one (cheaper for a tiny model)."""
+    """Embedded model: describe tools in a short system-prompt block instead of Qwen2.5's long one (cheaper for a tiny model)."""
+    chat_format: str = "auto"
+    """The model's tool-call syntax: auto (read from its chat template), hermes, llama3_json or mistral."""
+    chat_template: str = ""
+    """A Jinja chat template file to use instead of the checkpoint's own (e.g. a prefix-preserving training template)."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the chat template, e.g. {enable_thinking: false}."""
 
     # --- rollout -----------------------------------------------------------
     policy: str = ""
@@ -157,6 +163,8 @@ class Config(BaseModel):
     max_refill_rounds: int = Field(0, ge=0)
     """Dynamic sampling: extra rounds of prompts sampled while fewer than prompts_per_step
     groups carry signal (DAPO's refill); the rounds used are logged as `refill_rounds`."""
+    max_idle_steps: int = Field(10, ge=0)
+    """Stop RL with an error after this many steps in a row with no group carrying a reward signal; 0 never stops."""
     overlong_buffer: float = Field(0.0, ge=0, le=1)
     """DAPO soft overlong penalty: the last fraction of overlong_length over which it ramps to -1."""
     overlong_penalty: float = Field(0.0, ge=0)

@@ -48,9 +48,13 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     name: str = ""
     tool_call_id: str = ""
+    reasoning: str = ""
+    """An assistant's reasoning block (`<think>`), kept apart from its content."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning:
+            out["reasoning"] = self.reasoning
         if self.tool_calls:
             out["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in self.tool_calls]
         if self.name:
@@ -62,7 +66,9 @@ class Message:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Message:
         calls = tuple(ToolCall(c["name"], dict(c.get("arguments", {}))) for c in data.get("tool_calls", ()))
-        return Message(data["role"], data.get("content", ""), calls, data.get("name", ""), data.get("tool_call_id", ""))
+        return Message(
+            data["role"], data.get("content", ""), calls, data.get("name", ""), data.get("tool_call_id", ""), data.get("reasoning", "")
+        )
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,11 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
+from toolpolicy.chat.parser import CHATML_STOPS, ParsedTurn, parse_assistant
+from toolpolicy.chat.tokens import IM_END, IM_START, TOOL_CALL_END, TOOL_CALL_START, TOOL_RESPONSE_END, TOOL_RESPONSE_START
 from toolpolicy.types import Message, ToolCall, ToolSpec
-
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-TOOL_CALL_START = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
-TOOL_RESPONSE_START = "<tool_response>"
-TOOL_RESPONSE_END = "</tool_response>"
-
-# In Qwen2.5's id order. ENDOFTEXT is the pad token and the end-of-document marker.
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, TOOL_CALL_START, TOOL_CALL_END, TOOL_RESPONSE_START, TOOL_RESPONSE_END)
 
 GENERATION_PROMPT = f"{IM_START}assistant\n"
 TOOLS_SLOT = "{tools}"
@@ -84,6 +76,21 @@ def _jinja_literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+class ChatTemplate(Protocol):
+    """What the rollout engine needs of a chat format: the prompt, each assistant message
+    as the model writes it, the observation after a sampled turn, and the parser of a
+    generated turn. `HermesTemplate` (ChatML in Python) and `JinjaTemplate` (a
+    checkpoint's own template) are the two kinds."""
+
+    end_of_turn: str
+    stops: tuple[str, ...]
+
+    def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> str: ...
+    def render_assistant(self, message: Message) -> str: ...
+    def render_observation(self, messages: Sequence[Message], after: Message | None = None) -> str: ...
+    def parse(self, text: str, max_call_chars: int) -> ParsedTurn: ...
+
+
 @dataclass(frozen=True)
 class HermesTemplate:
     """ChatML messages with Hermes `<tool_call>` JSON, as Qwen2.5 renders them.
@@ -120,10 +127,14 @@ class HermesTemplate:
         """The short variant for the embedded model: no default system text, short preamble."""
         return cls(tools_preamble=COMPACT_PREAMBLE, default_system="", brief_tools=True)
 
-    @property
-    def stop(self) -> str:
-        """The string that ends every generated assistant message."""
-        return IM_END
+    end_of_turn: ClassVar[str] = IM_END
+    """The token that ends every assistant message the template renders."""
+    stops: ClassVar[tuple[str, ...]] = CHATML_STOPS
+    """The strings that end a generated turn."""
+
+    def parse(self, text: str, max_call_chars: int) -> ParsedTurn:
+        """Content, calls and errors of one generated turn (Hermes calls, ChatML stops)."""
+        return parse_assistant(text, max_call_chars=max_call_chars)
 
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), add_generation_prompt: bool = False) -> str:
         """The whole conversation as the model reads it."""
@@ -146,9 +157,10 @@ class HermesTemplate:
         lines = ([message.content] if message.content else []) + [_render_call(c) for c in message.tool_calls]
         return "\n".join(lines) + IM_END
 
-    def render_observation(self, messages: Sequence[Message]) -> str:
-        """What follows a generated assistant message: its newline, the tool/user turns,
-        and the next generation prompt. Assistant messages are generated, never observed."""
+    def render_observation(self, messages: Sequence[Message], after: Message | None = None) -> str:
+        """What follows a generated assistant message (`after`, which ChatML's framing does
+        not depend on): its newline, the tool/user turns, and the next generation prompt.
+        Assistant messages are generated, never observed."""
         if any(m.role == "assistant" for m in messages):
             raise ValueError("an observation holds tool, user or system messages; render assistant text with render_assistant")
         return "\n" + self._render_turns(messages) + GENERATION_PROMPT

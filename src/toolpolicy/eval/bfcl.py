@@ -26,14 +26,12 @@ from typing import Any
 
 import torch
 
-from toolpolicy.chat import parse_assistant
 from toolpolicy.jsonl import read_objects
-from toolpolicy.model import PolicyModel, make_template
 from toolpolicy.rewards.bfcl import Expected, call_reward, match_calls
 from toolpolicy.rollout import GenRequest
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, decode_reply
 from toolpolicy.config import Config, ConfigError
-from toolpolicy.build import episode_limits, hf_backend
+from toolpolicy.build import episode_limits, hf_backend, load_policy_model
 from toolpolicy.types import Message, ToolCall, ToolSpec
 
 # BFCL writes Python type names in its schemas; models are shown JSON Schema.
@@ -183,8 +181,8 @@ def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCa
 def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
     if checkpoint is None:
         raise ConfigError("no model to score: set eval_checkpoint or endpoint_url")
-    policy = PolicyModel.load(checkpoint)
-    template = make_template(cfg.compact_tools_prompt)
+    policy = load_policy_model(cfg, checkpoint)
+    template = policy.chat
     backend = hf_backend(policy, torch.Generator().manual_seed(cfg.eval_seed), cfg.eval_temperature)
     requests = [
         GenRequest(i, policy.encode(template.render_prompt(entry.messages, entry.specs())), cfg.max_turn_tokens)
@@ -193,6 +191,6 @@ def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> 
     out = []
     for generation in backend.generate(requests):
         text = policy.decode(generation.ids)
-        parsed = parse_assistant(text, max_call_chars=episode_limits(cfg).max_call_chars)
+        parsed = template.parse(text, episode_limits(cfg).max_call_chars)
         out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
     return out

@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 
-from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, policy_path
+from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, load_policy_model, policy_path
 from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
-from toolpolicy.model import PolicyModel
 from toolpolicy.rewards import REWARD_FUNCTIONS
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
 from toolpolicy.config import Config, ConfigError, save_config
@@ -84,7 +83,7 @@ def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool)
     """The environment, and the episodes of a local model with the tokens each generated after its prompt."""
     if checkpoint is None:
         raise ConfigError("no checkpoint to evaluate: set eval_checkpoint or endpoint_url")
-    policy = PolicyModel.load(checkpoint)
+    policy = load_policy_model(cfg, checkpoint)
     generator = torch.Generator().manual_seed(cfg.eval_seed)
     with build_engine(cfg, policy, generator, cfg.eval_temperature, enforce=gate) as engine:
         trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}")

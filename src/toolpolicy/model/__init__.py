@@ -1,32 +1,49 @@
-"""Loading a policy (any local Hugging Face causal LM) and the embedded tiny model."""
+"""Loading a policy (any local Hugging Face causal LM, in its own chat format) and the embedded tiny model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+from transformers.utils.chat_template_utils import encode_marked_chat
 
-from toolpolicy.chat import ENDOFTEXT, IM_END, HermesTemplate
+from toolpolicy.chat import ChatFormatError, ChatTemplate, HermesTemplate, JinjaTemplate
+from toolpolicy.model.files import check_checkpoint
+
+
+@dataclass(frozen=True)
+class ChatChoice:
+    """How to read a checkpoint's chat format (the config's chat_* fields)."""
+
+    syntax: str = "auto"
+    """Tool-call syntax: auto (from the template), hermes, llama3_json or mistral."""
+    template_file: str = ""
+    """A Jinja template used instead of the checkpoint's own."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Extra template variables (e.g. enable_thinking)."""
 
 
 def load_policy(path: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """Model and tokenizer from a local checkpoint folder, in float32 on the CPU."""
+    """Model and tokenizer from a local checkpoint folder, in float32 on the CPU. A missing
+    or damaged file is a CheckpointError naming it (see `files.check_checkpoint`)."""
     folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder}: not a model checkpoint (no config.json); train one or fix the path")
+    check_checkpoint(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return model, tokenizer
 
 
 def codec(tokenizer: PreTrainedTokenizerBase) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
-    """Text <-> ids with no added BOS/EOS and special tokens kept, as the engine needs."""
+    """Text <-> ids with no added BOS/EOS. The template's own control tokens become their
+    ids; control-token spellings the template marked inside user-supplied text stay text."""
 
     def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return encode_marked_chat(tokenizer, text)
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
@@ -34,17 +51,46 @@ def codec(tokenizer: PreTrainedTokenizerBase) -> tuple[Callable[[str], list[int]
     return encode, decode
 
 
-def stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Ids that end an assistant turn: `<|im_end|>` and the end-of-text token."""
-    return sorted({tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)})
-
-
-def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-
-
 def make_template(compact: bool) -> HermesTemplate:
     return HermesTemplate.compact() if compact else HermesTemplate()
+
+
+def chat_template(tokenizer: PreTrainedTokenizerBase, choice: ChatChoice) -> ChatTemplate:
+    """The checkpoint's chat format: the embedded model's ChatML in Python when its
+    template is one of ours, else its Jinja template (or `choice.template_file`)."""
+    source = Path(choice.template_file).read_text() if choice.template_file else None
+    if source is None and choice.syntax in ("auto", "hermes") and not choice.kwargs:
+        for template in (HermesTemplate.compact(), HermesTemplate()):
+            if tokenizer.chat_template == template.jinja_template():
+                return template
+    return JinjaTemplate.of(tokenizer, choice.syntax, source, choice.kwargs)
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase, template: ChatTemplate, generation: GenerationConfig | None) -> list[int]:
+    """Ids that end an assistant turn: the template's stop strings and the checkpoint's
+    `generation_config.eos_token_id`. Each stop string must be one token."""
+    vocabulary = tokenizer.get_vocab()
+    ids: set[int] = set()
+    for stop in template.stops:
+        if stop not in vocabulary:
+            raise ChatFormatError(f"the stop string {stop!r} of the chat template is not one token of this tokenizer")
+        ids.add(vocabulary[stop])
+    eos = generation.eos_token_id if generation is not None else None
+    ids.update(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+    return sorted(ids)
+
+
+def warn_prefix_problems(path: str | Path, problems: list[str]) -> None:
+    """Say on stderr which turn shapes the template renders differently from the engine."""
+    if problems:
+        print(
+            f"warning: on these turn shapes the chat template of {path} does not render a conversation as its "
+            f"prompt plus one fragment per turn: {'; '.join(problems)}. toolpolicy "
+            "appends each new message's framing to the sampled ids and never re-tokenises, so the model trains on "
+            "the conversation as the rollout produced it. To make training and serving render alike, set "
+            "chat_template: to a prefix-preserving training template (trl ships qwen3_training.jinja).",
+            file=sys.stderr,
+        )
 
 
 def char_codec() -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
@@ -52,25 +98,32 @@ def char_codec() -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]
     return (lambda text: [ord(c) for c in text]), (lambda ids: "".join(map(chr, ids)))
 
 
+def _generation_config(folder: Path) -> GenerationConfig | None:
+    return GenerationConfig.from_pretrained(folder) if (folder / "generation_config.json").is_file() else None
+
+
 @dataclass
 class PolicyModel:
-    """A model with what the engine and the trainer need around it."""
+    """A model with what the engine and the trainer need around it: its codec, chat
+    format, the ids that stop a turn and the id that pads a batch."""
 
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
+    chat: ChatTemplate
+    stop_ids: list[int]
+    pad_id: int
 
     @staticmethod
-    def load(path: str | Path) -> PolicyModel:
-        """The checkpoint at `path` (see `load_policy`) with its codec."""
+    def load(path: str | Path, choice: ChatChoice = ChatChoice()) -> PolicyModel:
+        """The checkpoint at `path` (see `load_policy`) with its codec and chat format."""
         model, tokenizer = load_policy(path)
-        return PolicyModel(model, tokenizer, *codec(tokenizer))
+        chat = chat_template(tokenizer, choice)
+        stops = stop_ids(tokenizer, chat, _generation_config(Path(path)))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+        if isinstance(chat, JinjaTemplate):  # its parser cuts at every stop token, not only the template's own
+            chat = replace(chat, stops=tuple(dict.fromkeys([*chat.stops, *tokenizer.convert_ids_to_tokens(stops)])))
+            warn_prefix_problems(path, chat.prefix_problems())
+        return PolicyModel(model, tokenizer, *codec(tokenizer), chat, stops, pad)
 
-    @property
-    def pad_id(self) -> int:
-        return pad_id(self.tokenizer)
-
-    @property
-    def stop_ids(self) -> list[int]:
-        return stop_ids(self.tokenizer)

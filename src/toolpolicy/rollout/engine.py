@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 from typing_extensions import Self
 
-from toolpolicy.chat import IM_END, HermesTemplate, ParsedTurn, parse_assistant
+from toolpolicy.chat import ChatTemplate, ParsedTurn, cut_at_stop
 from toolpolicy.envs.base import Env, Session, open_session
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
@@ -58,7 +58,7 @@ class Limits:
 
 
 def observe(
-    text: str, tools: ToolSet, gate: Gate, ledger: Ledger, turn: int, max_call_chars: int
+    text: str, chat: ChatTemplate, tools: ToolSet, gate: Gate, ledger: Ledger, turn: int, max_call_chars: int
 ) -> tuple[Message, list[Message], list[Event], str | None]:
     """Parse one assistant turn, gate its calls and run the allowed ones.
 
@@ -67,8 +67,8 @@ def observe(
     events, and an infrastructure error if a tool (or the audit log) failed for
     reasons that are not the model's.
     """
-    parsed = parse_assistant(text, max_call_chars=max_call_chars)
-    shown = text.split(IM_END)[0].strip() if parsed.errors else parsed.content
+    parsed = chat.parse(text, max_call_chars)
+    shown = cut_at_stop(text, chat.stops).strip() if parsed.errors else parsed.content
     return act(parsed, shown, tools, gate, ledger, turn)
 
 
@@ -80,7 +80,7 @@ def act(
     `shown` is the assistant text to record. Backends that return calls already
     decoded (chat-completions endpoints) start here.
     """
-    assistant = Message("assistant", shown, parsed.tool_calls)
+    assistant = Message("assistant", shown, parsed.tool_calls, reasoning=parsed.reasoning)
     observations: list[Message] = []
     events: list[Event] = []
     for error in parsed.errors:
@@ -207,7 +207,7 @@ class RolloutEngine(GatedLoop):
     def __init__(
         self,
         env: Env,
-        template: HermesTemplate,
+        template: ChatTemplate,
         encode: Encode,
         decode: Decode,
         backend: Backend,
@@ -255,11 +255,11 @@ class RolloutEngine(GatedLoop):
             truncate(episode, turn, "max_turn_tokens" if len(ids) else "max_tokens")
             return False
         observations = record_turn(
-            episode, session, *observe(text, session.tools, self.gate, ledger, turn, self.limits.max_call_chars)
+            episode, session, *observe(text, self.template, session.tools, self.gate, ledger, turn, self.limits.max_call_chars)
         )
         if observations is None:
             return False
-        fragment = self.encode(self.template.render_observation(observations))
+        fragment = self.encode(self.template.render_observation(observations, after=episode.messages[-1]))
         episode.messages.extend(observations)
         if trajectory.response_len + len(fragment) >= self.limits.max_tokens:
             truncate(episode, turn, "max_tokens")

@@ -4,35 +4,76 @@ A checkpoint is a Hugging Face model folder plus `trainer_state.pt` (optimizer,
 LR schedule, RNG states, step, and where the run's audit log ended). It is
 written to a temporary folder and renamed into place, so a process killed mid-write leaves the previous checkpoint intact
 and never a half-written one. The data cursor of both loops is a pure function
-of the step, so the step is the cursor.
+of the step, so the step is the cursor. A checkpoint damaged after it was written (a
+full disk, a bad copy) is passed over on resume for the one before it, with a warning.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
+from toolpolicy.model.files import DAMAGED, CheckpointError, check_checkpoint, check_torch_zip
+
 STATE_FILE = "trainer_state.pt"
+STATE_KEYS = ("step", "optimizer", "scheduler", "rng")
 
 
 def checkpoint_dirs(phase_dir: Path) -> list[Path]:
-    """Complete checkpoints of a phase, oldest first."""
+    """Checkpoint folders of a phase (step_NNNNNN, not the .tmp of one being written), oldest first."""
     root = phase_dir / "checkpoints"
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith("step_") and (p / STATE_FILE).is_file() and not p.name.endswith(".tmp")]
+    done = [p for p in root.iterdir() if p.name.startswith("step_") and p.name.removeprefix("step_").isdigit()]
     return sorted(done, key=lambda p: int(p.name.removeprefix("step_")))
 
 
 def latest_checkpoint(phase_dir: Path) -> Path | None:
+    """The newest checkpoint of a phase that can be resumed from; None if the phase has none.
+    A newer one that is corrupt or incomplete is passed over with a warning on stderr and
+    left where it is; when every one is, CheckpointError."""
     found = checkpoint_dirs(phase_dir)
-    return found[-1] if found else None
+    for checkpoint in reversed(found):
+        try:
+            check_checkpoint(checkpoint)
+            load_trainer_state(checkpoint / STATE_FILE, mmap=True)  # unpickles it; the tensors stay on disk
+        except CheckpointError as error:
+            print(f"warning: passing over checkpoint {checkpoint.name} for an earlier one: {error}", file=sys.stderr)
+        else:
+            return checkpoint
+    if found:
+        raise CheckpointError(
+            f"{phase_dir / 'checkpoints'}: no checkpoint left to resume from, all {len(found)} are damaged "
+            "(the warnings above say how); run again without --resume to start this phase over"
+        )
+    return None
+
+
+def load_trainer_state(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """The dict `save_checkpoint` wrote to trainer_state.pt; CheckpointError naming the file
+    if it is missing, cut short or not a trainer state. `mmap`: leave the tensors on disk."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; {DAMAGED}")
+    check_torch_zip(path)
+    try:
+        state = torch.load(path, weights_only=True, mmap=mmap)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, ValueError, OSError) as error:
+        # what torch.load raises on damaged bytes: the zip reader's RuntimeError, the unpickler's
+        # errors, EOFError, KeyError on a bad record, UnicodeDecodeError on a bad string
+        first_line = (str(error).splitlines() or [""])[0].split(". ")[0]  # torch's messages run on for lines
+        raise CheckpointError(f"{path}: unreadable ({type(error).__name__}: {first_line}); {DAMAGED}") from None
+    missing = [key for key in STATE_KEYS if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not a trainer state (no {', '.join(missing)}); {DAMAGED}")
+    return state
 
 
 def save_checkpoint(
@@ -95,7 +136,7 @@ def restore_state(
     checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any, sampler: torch.Generator | None
 ) -> Restored:
     """Load optimizer, schedule and RNG states saved with `checkpoint`; return its step."""
-    state = torch.load(checkpoint / STATE_FILE, weights_only=True)
+    state = load_trainer_state(checkpoint / STATE_FILE)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     random.setstate(state["rng"]["python"])

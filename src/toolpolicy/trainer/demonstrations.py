@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from toolpolicy.build import build_env, episode_limits
+from toolpolicy.chat import ChatTemplate
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.envs import calc, hotel
 from toolpolicy.model import char_codec, make_template
@@ -29,12 +30,17 @@ def expert_style(cfg: Config) -> Any:
 
 
 def demonstrations(
-    cfg: Config, n: int, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], seed_tag: str
+    cfg: Config,
+    n: int,
+    template: ChatTemplate,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[list[int]], str],
+    seed_tag: str,
 ) -> list[Trajectory]:
-    """Expert episodes replayed through the real engine: tool results come from running
-    the calls, tokens from the template's fragments, the mask from the engine."""
+    """Expert episodes replayed through the real engine in the model's chat format: tool
+    results come from running the calls, tokens from the template's fragments, the mask
+    from the engine."""
     env = build_env(cfg)
-    template = make_template(cfg.compact_tools_prompt)
     tasks = env.tasks("train", n, seed=cfg.seed)
     rng = random.Random(f"expert/{seed_tag}/{cfg.seed}")
     style = expert_style(cfg)
@@ -47,6 +53,7 @@ def demonstrations(
 def build_embedded(cfg: Config, out_dir: Path) -> Path:
     """Train the tokenizer on demonstration text and save a fresh tiny Qwen2 to `out_dir`."""
     encode, decode = char_codec()
-    texts = [decode(t.token_ids) for t in demonstrations(cfg, cfg.tokenizer_texts, encode, decode, "tokenizer")]
+    template = make_template(cfg.compact_tools_prompt)
+    texts = [decode(t.token_ids) for t in demonstrations(cfg, cfg.tokenizer_texts, template, encode, decode, "tokenizer")]
     shape = ModelShape(cfg.vocab_size, cfg.hidden_size, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate_size)
-    return save_embedded(out_dir, texts, make_template(cfg.compact_tools_prompt), shape, cfg.seed)
+    return save_embedded(out_dir, texts, template, shape, cfg.seed)

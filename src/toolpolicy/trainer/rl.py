@@ -5,7 +5,8 @@ cursor), roll out `group_size` episodes per task with the multi-turn engine, sco
 them with the environment's Rubric into a reward matrix [B, C], turn it into
 advantages, keep the groups that carry a signal for the estimator (DAPO dynamic
 sampling, refilled up to max_refill_rounds) and the episodes the filters keep, and
-take one policy-gradient step on the sampled tokens.
+take one policy-gradient step on the sampled tokens. A run in which no group carries a
+signal for `max_idle_steps` steps in a row has nothing to learn from and stops (TrainingStalled).
 
 The objective (estimator, ratio level, KL estimator, aggregation), the credit
 (outcome or turn) and the filters are chosen once, before the loop, from the
@@ -30,10 +31,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import Algorithm, first_groups
-from toolpolicy.build import build_engine, build_rubric
+from toolpolicy.build import build_engine, build_rubric, load_policy_model
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.gate import rewind
-from toolpolicy.model import PolicyModel, load_policy
+from toolpolicy.model import load_policy
 from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
 from toolpolicy.rollout import RolloutEngine, Trajectory
 from toolpolicy.trainer.batch import TokenBatch, collate, forward_logprobs, micro_batches
@@ -51,6 +52,10 @@ from toolpolicy.trainer.credit import (
 
 REFILL_SEED_STRIDE = 100_000_007  # refill rounds draw tasks far from every step's own seed
 AUDIT_START = "audit_start_seq"  # RUN_DIR/rl/: the audit log's last record before RL's first step
+
+
+class TrainingStalled(Exception):
+    """RL that has had nothing to learn from for max_idle_steps steps in a row."""
 
 
 def train_seed(seed: int, step: int, refill: int = 0) -> int:
@@ -205,7 +210,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     sampling = Sampling(cfg.prompts_per_step, cfg.group_size, cfg.dynamic_sampling, cfg.max_refill_rounds, cfg.seed)
     phase_dir = run_dir / "rl"
     checkpoint = latest_checkpoint(phase_dir) if resume else None
-    policy = PolicyModel.load(checkpoint or cfg.init_from)
+    policy = load_policy_model(cfg, checkpoint or cfg.init_from)
     model = policy.model
     reference = load_policy(cfg.init_from)[0].eval() if (cfg.beta > 0 or cfg.log_kl) else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.rl_lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
@@ -228,6 +233,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     success = REWARD_FUNCTIONS[engine.env.success_reward]
     log = MetricsLog(run_dir / "metrics.jsonl")
     log.rewind("rl", start)
+    idle_steps = 0  # steps in a row whose kept groups carried no signal
 
     with engine:  # closes the gate's audit log, if any, when RL ends
         for step in tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps):
@@ -258,7 +264,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
 
             # 4. Log and checkpoint.
             record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, rollouts.scores, success), **update}
-            record.update({"kept_groups": int(rollouts.groups.sum()), "signal_groups": int((rollouts.groups & rollouts.signal).sum())})
+            signal_groups = int((rollouts.groups & rollouts.signal).sum())
+            record.update({"kept_groups": int(rollouts.groups.sum()), "signal_groups": signal_groups})
             record["trained_episodes"] = len(order)
             record.update({"refill_rounds": rollouts.refill_rounds, "grad_norm": grad_norm, "lr": lr})
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
@@ -267,6 +274,16 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 save_checkpoint(
                     phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, sampler, cfg.keep_checkpoints,
                     audit_seq=audit.last_seq if audit is not None else None,
+                )
+
+            # 5. Stop a run that has nothing to learn from: every group's episodes scored alike, step after step.
+            idle_steps = 0 if signal_groups else idle_steps + 1
+            if cfg.max_idle_steps and idle_steps >= cfg.max_idle_steps:
+                raise TrainingStalled(
+                    f"{idle_steps} steps in a row had no group with a reward signal (each group's episodes all scored "
+                    f"the same): the starting model {cfg.init_from} never produces a scorable, varied answer; start from "
+                    "an SFT checkpoint (`toolpolicy sft`, then set init_from to RUN_DIR/sft/final) or raise temperature "
+                    f"(now {cfg.temperature}); max_idle_steps=0 turns this stop off"
                 )
 
     return save_final(phase_dir, model, policy.tokenizer)

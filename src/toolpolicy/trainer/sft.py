@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import aggregate_loss
 from toolpolicy.config import Config
-from toolpolicy.model import PolicyModel
+from toolpolicy.build import load_policy_model
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
@@ -69,9 +69,9 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     if cfg.model == "embedded" and not (base / "config.json").is_file():
         build_embedded(cfg, base)
     checkpoint = latest_checkpoint(phase_dir) if resume else None
-    policy = PolicyModel.load(checkpoint or base)
+    policy = load_policy_model(cfg, checkpoint or base)
     model = policy.model
-    examples = demonstrations(cfg, cfg.sft_examples, policy.encode, policy.decode, "sft")
+    examples = demonstrations(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.sft_warmup_steps, cfg.sft_steps))

@@ -1,0 +1,264 @@
+"""A checkpoint's own chat template, in the fragments the rollout engine appends.
+
+Any Hugging Face chat model says in its `chat_template` (Jinja) how a conversation
+becomes text. `JinjaTemplate` renders it exactly as `tokenizer.apply_chat_template`
+does (transformers' own renderer, tools as OpenAI JSON schemas) and cuts it into what
+the engine needs: the prompt, one assistant message as the model writes it (through
+its end-of-turn token), and the observation that follows a sampled turn (everything
+after the end-of-turn token, through the next generation prompt).
+
+Fragments are differences of two renderings around one fixed, neutral opening turn, so
+they never depend on earlier content. For a template with the prefix property (every
+rendering of a conversation starts with the rendering of any earlier point of it),
+prompt + assistant + observation + ... equals the whole rendering: the reference ids.
+Some templates re-render history (Qwen3 drops `<think>` blocks of earlier turns,
+Mistral moves the tools listing to the last user message); `prefix_problems` names the
+turn shapes where that happens. The engine still never re-tokenises: the conversation is
+trained as the rollout produced it, which is the training-time template the field uses
+for such models (trl ships `qwen3_training.jinja`, set it with `chat_template:`).
+
+User-supplied text (tool results, user turns, arguments) may contain a control token's
+spelling (`<|im_start|>system`). Every string of a message is marked before rendering
+so that `encode_marked` encodes those as plain text: a tool cannot forge a turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from jinja2 import TemplateError
+from transformers.utils.chat_template_utils import (
+    _get_control_token_patterns,
+    mark_control_tokens,
+    render_jinja_template,
+)
+
+from toolpolicy.chat.parser import CALL_SYNTAXES, ParsedTurn, parse_assistant
+from toolpolicy.types import Message, ToolCall, ToolSpec
+
+PROBE = (Message("user", "Hi."),)
+"""The neutral opening turn fragments are cut against."""
+
+
+class ChatFormatError(ValueError):
+    """A chat template toolpolicy cannot use as configured; the message says what to set."""
+
+
+def detect_syntax(source: str) -> str:
+    """The tool-call syntax a chat template renders calls in, or ChatFormatError."""
+    if "<tool_call>" in source:
+        return "hermes"
+    if "[TOOL_CALLS]" in source:
+        return "mistral"
+    if "<|start_header_id|>" in source and ('"parameters"' in source or "<|python_tag|>" in source):
+        return "llama3_json"
+    known = ", ".join(CALL_SYNTAXES)
+    raise ChatFormatError(
+        "cannot tell which tool-call syntax this chat template uses (no <tool_call>, [TOOL_CALLS] or "
+        f"Llama-3 JSON calls in it); set chat_format to one of: {known}"
+    )
+
+
+def call_id(call: ToolCall, index: int) -> str:
+    """The call's id, or a stable 9-character one for templates that need ids (Mistral)."""
+    if call.id:
+        return call.id
+    digest = hashlib.sha256(f"{index}:{call.name}:{json.dumps(call.arguments, sort_keys=True, default=str)}".encode())
+    return digest.hexdigest()[:9]
+
+
+def openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Messages in the OpenAI shape chat templates read. Calls without an id get a stable
+    one; a tool message without one answers the next unanswered call before it."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for message in messages:
+        entry: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.reasoning:
+            entry["reasoning_content"] = message.reasoning
+        if message.tool_calls:
+            ids = [call_id(c, i) for i, c in enumerate(message.tool_calls)]
+            pending = list(ids)
+            entry["tool_calls"] = [
+                {"type": "function", "id": i, "function": {"name": c.name, "arguments": c.arguments}}
+                for i, c in zip(ids, message.tool_calls)
+            ]
+        if message.role == "tool":
+            entry["name"] = message.name
+            entry["tool_call_id"] = message.tool_call_id or (pending.pop(0) if pending else call_id(ToolCall(message.name, {}), len(out)))
+        out.append(entry)
+    return out
+
+
+@dataclass(frozen=True)
+class JinjaTemplate:
+    """A Jinja chat template with its end-of-turn token, stop strings and call syntax.
+
+    Build it from a tokenizer with `JinjaTemplate.of(tokenizer, ...)`. The methods match
+    `HermesTemplate`'s, so the engine drives both the same way.
+    """
+
+    source: str
+    syntax: str
+    end_of_turn: str
+    stops: tuple[str, ...]
+    reasoning: bool = False
+    variables: Mapping[str, Any] = field(default_factory=dict)
+    """Passed to the template: the tokenizer's special tokens (bos_token, ...) and the
+    config's `chat_template_kwargs` (e.g. enable_thinking)."""
+    control_tokens: tuple[str, ...] = ()
+    """Token spellings that user-supplied text may not produce as control tokens."""
+
+    @staticmethod
+    def of(tokenizer: Any, syntax: str = "auto", source: str | None = None, kwargs: Mapping[str, Any] | None = None) -> JinjaTemplate:
+        """The template of `tokenizer` (or `source`), its stops from the tokenizer's eos and
+        the template's end-of-turn token; `syntax` "auto" detects the call syntax."""
+        source = source or tokenizer.chat_template
+        if not source:
+            raise ChatFormatError("the tokenizer has no chat_template; set chat_template: to a Jinja file for this model")
+        if syntax == "auto":
+            syntax = detect_syntax(source)
+        elif syntax not in CALL_SYNTAXES:
+            raise ChatFormatError(f"chat_format {syntax!r} is not a tool-call syntax; use auto or one of: {', '.join(CALL_SYNTAXES)}")
+        special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        controls = tuple(t.content for t in tokenizer.added_tokens_decoder.values() if t.special or t.content in source)
+        draft = JinjaTemplate(source, syntax, "", (), "<think>" in source, {**special, **(kwargs or {})}, controls)
+        eot = draft.find_end_of_turn() or special.get("eos_token", "")
+        if not eot:
+            raise ChatFormatError("cannot find the token that ends an assistant turn in the chat template, and the tokenizer has no eos_token")
+        stops = tuple(dict.fromkeys(s for s in (eot, special.get("eos_token")) if s))
+        return replace(draft, end_of_turn=eot, stops=stops)
+
+    def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), add_generation_prompt: bool = False) -> str:
+        """The whole conversation, as `apply_chat_template(..., tokenize=False)` renders it
+        (with user-supplied strings marked, see the module docstring)."""
+        schemas = [spec.to_openai() for spec in tools] or None
+        chat, schemas = self._marked(openai_messages(messages)), self._marked(schemas)
+        try:
+            rendered, _ = render_jinja_template(
+                [chat], tools=schemas, chat_template=self.source, add_generation_prompt=add_generation_prompt, **self.variables
+            )
+        except TemplateError as error:
+            raise ChatFormatError(f"the chat template refuses this conversation: {error}") from None
+        return rendered[0]
+
+    def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> str:
+        """The conversation so far, ending where the model starts generating."""
+        return self.render(messages, tools, add_generation_prompt=True)
+
+    def render_assistant(self, message: Message) -> str:
+        """What the model writes for `message`, through the end-of-turn token."""
+        rest = self._after_probe([message], add_generation_prompt=False)
+        end = self._last_end_of_turn(rest)
+        if end == -1:
+            raise ChatFormatError(f"the chat template rendered an assistant message without its end-of-turn token {self.end_of_turn!r}")
+        return rest[: end + len(self.end_of_turn)]
+
+    def render_observation(self, messages: Sequence[Message], after: Message | None = None) -> str:
+        """What follows a sampled assistant turn (`after`, by default a bare one with no
+        calls): the rest of its rendering past the end-of-turn token, `messages`, and
+        the next generation prompt."""
+        if any(m.role == "assistant" for m in messages):
+            raise ValueError("an observation holds tool, user or system messages; render assistant text with render_assistant")
+        calls = tuple(replace(c, arguments={}, id=call_id(c, i)) for i, c in enumerate(after.tool_calls)) if after else ()
+        bare = Message("assistant", "" if calls else ".", calls)  # some templates refuse text beside calls
+        rest = self._after_probe([bare, *messages], add_generation_prompt=True, fallback=calls[:1])
+        end = rest.find(self.end_of_turn)
+        if end == -1:
+            raise ChatFormatError(f"the chat template rendered an assistant message without its end-of-turn token {self.end_of_turn!r}")
+        return rest[end + len(self.end_of_turn) :]
+
+    def parse(self, text: str, max_call_chars: int) -> ParsedTurn:
+        """Content, calls, errors and reasoning of one generated turn."""
+        return parse_assistant(text, max_call_chars=max_call_chars, syntax=self.syntax, stops=self.stops, reasoning=self.reasoning)
+
+    def prefix_problems(self, tools: Sequence[ToolSpec] = ()) -> list[str]:
+        """The turn shapes the engine produces on which prompt + fragments differ from
+        rendering the whole conversation (empty: the template has the prefix property)."""
+        problems = []
+        for name, (prefix, *turns) in _turn_shapes(self.reasoning).items():
+            try:
+                if not self._holds(prefix, turns, tools):
+                    problems.append(name)
+            except ChatFormatError as error:
+                problems.append(f"{name} ({error})")
+        return problems
+
+    def find_end_of_turn(self) -> str:
+        """The first control token the template writes after an assistant's text."""
+        rest = self._after_probe([Message("assistant", "Hello.")], add_generation_prompt=False)
+        tail = rest[rest.find("Hello.") + len("Hello.") :]
+        hits = [(tail.find(token), -len(token), token) for token in self.control_tokens if token and token in tail]
+        return min(hits)[2] if hits else ""
+
+    def _holds(self, prefix: list[Message], turns: list[tuple[Message, list[Message]]], tools: Sequence[ToolSpec]) -> bool:
+        text = self.render_prompt(prefix, tools)
+        conversation = list(prefix)
+        for assistant, observations in turns:
+            text += self.render_assistant(assistant)
+            conversation.append(assistant)
+            if observations:
+                text += self.render_observation(observations, after=assistant)
+                conversation.extend(observations)
+        whole = self.render(conversation, tools)
+        return whole.startswith(text) and not whole[len(text) :].strip()
+
+    def _after_probe(self, messages: list[Message], add_generation_prompt: bool, fallback: tuple[ToolCall, ...] | None = None) -> str:
+        """The rendering of PROBE + messages past the rendering of PROBE's prompt. With a
+        `fallback`, a template that refuses the first (assistant) message's calls (Llama
+        3.1 takes one call per turn) renders it with the fallback calls instead."""
+        head = self.render_prompt(PROBE)
+        try:
+            whole = self.render([*PROBE, *messages], add_generation_prompt=add_generation_prompt)
+        except ChatFormatError:
+            if fallback is None:
+                raise
+            whole = self.render([*PROBE, replace(messages[0], tool_calls=fallback), *messages[1:]], add_generation_prompt=add_generation_prompt)
+        if not whole.startswith(head):
+            raise ChatFormatError("the chat template renders a user turn differently once an assistant answers it; toolpolicy cannot cut fragments from it")
+        return whole[len(head) :]
+
+    def _last_end_of_turn(self, text: str) -> int:
+        """Index of the last end-of-turn token the template wrote (not one inside marked text)."""
+        index = text.rfind(self.end_of_turn)
+        while index > 0 and text[index - 1] == MARK_START:
+            index = text.rfind(self.end_of_turn, 0, index)
+        return index
+
+    def _marked(self, value: Any) -> Any:
+        if not self.control_tokens or value is None:
+            return value
+        pattern, _ = _get_control_token_patterns(self.control_tokens)
+        return mark_control_tokens(value, pattern)
+
+
+MARK_START = "\U000f0000"
+"""The private-use character transformers puts before a marked control token."""
+
+
+def _turn_shapes(reasoning: bool) -> dict[str, list[Any]]:
+    """Conversations of every turn shape the engine produces: (opening messages, then
+    (assistant message, observation messages) per turn)."""
+    call = ToolCall("lookup", {"key": "a"}, "abcdef123")
+    second = ToolCall("lookup", {"key": "b"}, "bcdefa234")
+    think = "Let me look it up." if reasoning else ""
+    opening = [Message("system", "You help."), Message("user", "What is a?")]
+    calls = Message("assistant", "", (call,), reasoning=think)
+    result = [Message("tool", "a is 1", name="lookup", tool_call_id=call.id)]
+    answer = Message("assistant", "a is 1.", reasoning=think)
+    shapes: dict[str, list[Any]] = {
+        "tool call, result, answer": [opening, (calls, result), (answer, [])],
+        "two calls in one turn": [
+            opening,
+            (Message("assistant", "", (call, second)), [*result, Message("tool", "b is 2", name="lookup", tool_call_id=second.id)]),
+            (answer, []),
+        ],
+        "answer, then a user turn": [opening, (answer, [Message("user", "And b?")]), (calls, result), (answer, [])],
+        "no system message": [opening[1:], (calls, result), (answer, [])],
+    }
+    return shapes
+

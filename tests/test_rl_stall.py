@@ -1,0 +1,82 @@
+"""RL from a model that never earns a varied reward has nothing to learn from: after
+max_idle_steps such steps in a row it stops with a user error that says what to do, and
+leaves its run folder (config, metrics, checkpoints) whole."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolpolicy.build import prepare_run_dir
+from toolpolicy.cli import main
+from toolpolicy.config import load_config
+from toolpolicy.trainer.checkpoint import latest_checkpoint
+from toolpolicy.trainer import rl
+from toolpolicy.trainer.rl import TrainingStalled, train_rl
+
+from conftest import SMOKE
+
+# Scored on the answer alone: the format terms of calc's default Rubric would vary
+# with an untrained model's random tool-call tokens and give its groups a signal.
+ANSWER_ONLY = "rewards={correct_answer: 1.0}"
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly initialised embedded model (SFT of 0 steps): it never answers correctly."""
+    run_dir = tmp_path_factory.mktemp("untrained")
+    tiny = ["--set", "sft_steps=0", "--set", "sft_examples=1", "--set", "tokenizer_texts=50"]
+    assert main(["sft", str(SMOKE), *tiny, "--set", f"run_dir={run_dir}"]) == 0
+    return run_dir / "sft" / "final"
+
+
+def _settings(untrained: Path, run_dir: Path, *overrides: str) -> list[str]:
+    return [f"init_from={untrained}", ANSWER_ONLY, "max_tokens=64", "checkpoint_every=1", f"run_dir={run_dir}", *overrides]
+
+
+def _train(settings: list[str]) -> int:
+    return main(["train", str(SMOKE), *(arg for setting in settings for arg in ("--set", setting))])
+
+
+def test_rl_with_no_reward_signal_stops_and_keeps_its_run_folder(untrained: Path, tmp_path: Path) -> None:
+    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl_steps=6", "max_idle_steps=2"))
+    with pytest.raises(TrainingStalled) as stalled:
+        train_rl(cfg, prepare_run_dir(cfg))
+    message = str(stalled.value)
+    assert "\n" not in message and message.startswith("2 steps in a row had no group with a reward signal")
+    for advice in ("never produces a scorable, varied answer", "`toolpolicy sft`, then set init_from", "raise temperature"):
+        assert advice in message
+    run_dir = tmp_path / "run"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["signal_groups"]) for r in rows] == [(1, 0), (2, 0)]
+    assert load_config(run_dir / "config.yaml") == cfg
+    assert latest_checkpoint(run_dir / "rl") == run_dir / "rl" / "checkpoints" / "step_000002"  # whole: a resume can start from it
+
+
+def test_a_step_with_a_signal_starts_the_count_again(untrained: Path, tmp_path: Path, monkeypatch) -> None:
+    sampled = rl.sample_groups
+
+    def signal_on_step_2(engine, rubric, credit, sampling, step: int) -> rl.StepRollouts:
+        rollouts = sampled(engine, rubric, credit, sampling, step)
+        second = step == 1  # steps count from 0 here, from 1 in the metrics
+        return replace(rollouts, signal=torch.full_like(rollouts.signal, second), groups=torch.full_like(rollouts.groups, second))
+
+    monkeypatch.setattr(rl, "sample_groups", signal_on_step_2)
+    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl_steps=6", "max_idle_steps=2"))
+    with pytest.raises(TrainingStalled, match="^2 steps in a row"):
+        train_rl(cfg, prepare_run_dir(cfg))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["signal_groups"] > 0 for r in rows] == [False, True, False, False]  # idle 1, 0, 1, 2: stop
+
+
+def test_the_cli_reports_a_stall_in_one_line_and_zero_turns_the_stop_off(untrained: Path, tmp_path: Path, capsys) -> None:
+    assert _train(_settings(untrained, tmp_path / "stalls", "rl_steps=3", "max_idle_steps=2")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("toolpolicy train: error: 2 steps in a row had no group with a reward signal")
+    assert _train(_settings(untrained, tmp_path / "runs_on", "rl_steps=2", "max_idle_steps=0")) == 0
+    assert (tmp_path / "runs_on" / "rl" / "final" / "model.safetensors").is_file()
