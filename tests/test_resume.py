@@ -93,7 +93,7 @@ DRIVER = textwrap.dedent(
 
 def _metrics(run_dir: Path, phase: str) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"} for r in rows if r["phase"] == phase]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/")) and k != "tokens_per_s"} for r in rows if r["phase"] == phase]
 
 
 def _decisions(log: Path) -> list[tuple]:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
-from toolpolicy.config import Config, save_config
+from toolpolicy.config import Config, ConfigError, save_config
 from toolpolicy.envs import Env, hotel, make_env
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
+from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, merged, store_frozen_in
+from toolpolicy.model.placement import DTYPES, Placement
 from toolpolicy.rewards import Rubric, overlong
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, allow_all_policy
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
@@ -80,9 +82,39 @@ def chat_choice(cfg: Config) -> ChatChoice:
     return ChatChoice(cfg.chat_format, cfg.chat_template, cfg.chat_template_kwargs)
 
 
+def placement(cfg: Config) -> Placement:
+    return Placement(cfg.device, cfg.dtype, cfg.gradient_checkpointing)
+
+
 def load_policy_model(cfg: Config, path: str | Path) -> PolicyModel:
-    """The checkpoint at `path` in the chat format the config asks for."""
-    return PolicyModel.load(path, chat_choice(cfg))
+    """The checkpoint at `path` in the chat format, on the device and in the precision the
+    config asks for. A device the machine lacks is a ConfigError."""
+    try:
+        return PolicyModel.load(path, chat_choice(cfg), placement(cfg))
+    except ValueError as error:
+        if "device" not in str(error):
+            raise
+        raise ConfigError(str(error)) from None
+
+
+def trainable_policy(cfg: Config, path: str | Path, phase_dir: Path, resuming: bool) -> PolicyModel:
+    """The policy a training phase updates. Without LoRA: the checkpoint at `path`. With
+    LoRA: a resumed adapter as saved; else a fresh adapter on `path`, where an adapter
+    `path` (RL from LoRA SFT) is first merged into its base and saved as PHASE_DIR/base,
+    the new adapter's base and its KL reference. The frozen base is kept in `dtype`."""
+    policy = load_policy_model(cfg, path)
+    if not cfg.lora_rank or resuming:
+        return policy
+    base = Path(path)
+    if is_adapter(path):
+        base = phase_dir / "base"
+        merged(policy.model).save_pretrained(base)
+        policy.tokenizer.save_pretrained(base)
+        policy = load_policy_model(cfg, base)
+    settings = LoraSettings(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, tuple(cfg.lora_target_modules))
+    policy.model = attach_lora(policy.model, settings, base)
+    store_frozen_in(policy.model, DTYPES[cfg.dtype])
+    return policy
 
 
 def hf_backend(policy: PolicyModel, generator: torch.Generator, temperature: float) -> HFBackend:

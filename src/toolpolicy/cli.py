@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--before", default="sft")
     report.add_argument("--after", default="rl")
 
+    export = commands.add_parser("export", help="write a run's newest model (or a checkpoint) as a plain Hugging Face folder")
+    export.add_argument("source", help="a run folder (its rl/final, else sft/final) or a checkpoint folder")
+    export.add_argument("--out", required=True, help="the folder to write")
+    export.add_argument("--merge", action="store_true", help="fold a LoRA adapter into its base (else the adapter is written alone)")
+
     commands.add_parser("config", help="list every config field with its default and meaning")
 
     audit = commands.add_parser("audit", help="audit logs of gate decisions").add_subparsers(dest="audit_command", required=True)
@@ -292,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
             print(train_rl(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
         elif args.command == "eval":
             return _evaluate(args)
+        elif args.command == "export":
+            from toolpolicy.model import export_model
+
+            print(export_model(args.source, args.out, merge=args.merge))
         elif args.command == "ablate":
             from toolpolicy.ablation import run_ablation
 

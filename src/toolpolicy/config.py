@@ -8,6 +8,7 @@ validated the same way. The resolved config is written into the run folder.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -59,6 +60,23 @@ class Config(BaseModel):
     """A Jinja chat template file to use instead of the checkpoint's own (e.g. a prefix-preserving training template)."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables for the chat template, e.g. {enable_thinking: false}."""
+    device: str = "auto"
+    """Where the policy runs: auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute precision of every forward pass (autocast); trainable weights stay float32."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of storing them: less memory, more time."""
+    lora_rank: int = Field(0, ge=0)
+    """LoRA adapter rank (peft); 0 trains every weight. With LoRA, checkpoints hold the adapter
+    alone and the KL reference is the base model with the adapter off."""
+    lora_alpha: int = Field(16, ge=1)
+    """LoRA scaling numerator (the update is scaled by alpha / rank)."""
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the LoRA input."""
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names that get an adapter (the attention and MLP projections of Llama-style models)."""
 
     # --- rollout -----------------------------------------------------------
     policy: str = ""
@@ -218,6 +236,13 @@ class Config(BaseModel):
     scenario (training and evaluation); empty uses the scripted guest."""
     user_endpoint_model: str = ""
     """Model name for `user_endpoint_url`."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+            raise ValueError(f"device {value!r} is not one of auto, cpu, cuda, cuda:N, mps")
+        return value
 
     @field_validator("env")
     @classmethod

@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from transformers.utils.chat_template_utils import encode_marked_chat
 
 from toolpolicy.chat import ChatFormatError, ChatTemplate, HermesTemplate, JinjaTemplate
+from toolpolicy.model.adapters import adapter_base, is_adapter, load_adapter, merged
 from toolpolicy.model.files import check_checkpoint
+from toolpolicy.model.placement import Placement, place
 
 
 @dataclass(frozen=True)
@@ -116,14 +118,40 @@ class PolicyModel:
     pad_id: int
 
     @staticmethod
-    def load(path: str | Path, choice: ChatChoice = ChatChoice()) -> PolicyModel:
-        """The checkpoint at `path` (see `load_policy`) with its codec and chat format."""
-        model, tokenizer = load_policy(path)
+    def load(path: str | Path, choice: ChatChoice = ChatChoice(), placement: Placement = Placement()) -> PolicyModel:
+        """The checkpoint at `path` (see `load_policy`; a LoRA adapter folder loads on its
+        base) with its codec and chat format, on the device and in the precision of `placement`."""
+        folder = Path(path)
+        base = adapter_base(folder) if is_adapter(folder) else folder
+        model, tokenizer = load_policy(base)
+        model = place(model, placement)
+        if base != folder:
+            check_checkpoint(folder)
+            model, tokenizer = load_adapter(model, folder), AutoTokenizer.from_pretrained(folder)
         chat = chat_template(tokenizer, choice)
-        stops = stop_ids(tokenizer, chat, _generation_config(Path(path)))
+        stops = stop_ids(tokenizer, chat, _generation_config(base))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
         if isinstance(chat, JinjaTemplate):  # its parser cuts at every stop token, not only the template's own
             chat = replace(chat, stops=tuple(dict.fromkeys([*chat.stops, *tokenizer.convert_ids_to_tokens(stops)])))
             warn_prefix_problems(path, chat.prefix_problems())
         return PolicyModel(model, tokenizer, *codec(tokenizer), chat, stops, pad)
 
+
+
+def newest_model(source: str | Path) -> Path:
+    """A run folder's newest result (RUN/rl/final, else RUN/sft/final), or `source` itself."""
+    source = Path(source)
+    for final in (source / "rl" / "final", source / "sft" / "final"):
+        if final.is_dir():
+            return final
+    return source
+
+
+def export_model(source: str | Path, out: str | Path, merge: bool) -> Path:
+    """Write `source`'s model (a run's newest, see `newest_model`) to `out` with its
+    tokenizer; a LoRA adapter folded into its base with `merge`, else saved as the adapter."""
+    policy = PolicyModel.load(newest_model(source))
+    model = merged(policy.model) if merge else policy.model
+    model.save_pretrained(out)
+    policy.tokenizer.save_pretrained(out)
+    return Path(out)

@@ -26,6 +26,12 @@ def check_checkpoint(folder: str | Path) -> None:
     """Raise CheckpointError unless `folder` holds a loadable model: config.json with a
     model_type, whole weights (single file or every shard of an index) and a tokenizer."""
     folder = Path(folder)
+    if (folder / "adapter_config.json").is_file():  # a LoRA adapter: its own weights and tokenizer, then its base
+        adapter = _read_json(folder / "adapter_config.json")
+        check_safetensors(folder / "adapter_model.safetensors")
+        _check_tokenizer(folder)
+        check_checkpoint(adapter["base_model_name_or_path"])
+        return
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{folder}: not a model checkpoint (no config.json); train one or fix the path")

@@ -89,7 +89,8 @@ class HFBackend:
             token = logits.argmax(dim=-1)  # [B]
         else:
             logp = torch.log_softmax(logits / self.temperature, dim=-1)  # [B, V]
-            token = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)  # [B]
+            # Drawn on the CPU generator on every device, so a seed gives the same run anywhere.
+            token = torch.multinomial(logp.exp().cpu(), 1, generator=self.generator).squeeze(-1).to(logits.device)  # [B]
         return token, logp.gather(-1, token[:, None]).squeeze(-1)
 
     @torch.no_grad()
@@ -102,25 +103,28 @@ class HFBackend:
         for row, request in enumerate(requests):
             input_ids[row, width - len(request.ids) :] = torch.tensor(request.ids)
             attention[row, width - len(request.ids) :] = 1
+        device = next(self.model.parameters()).device
+        input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [B, W]
-        budget = torch.tensor([r.max_new_tokens for r in requests])  # [B]
+        budget = torch.tensor([r.max_new_tokens for r in requests], device=device)  # [B]
 
         output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
         cache = getattr(output, self._cache_name)
         logits = output.logits[:, -1].float()  # [B, V]
         tokens, logprobs = [], []
         done = budget <= 0  # [B]
-        finished = torch.zeros(batch, dtype=torch.bool)  # [B]
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
+        stop_ids = self.stop_ids.to(device)
         for step in range(int(budget.max())):
             token, logp = self._sample(logits)
             tokens.append(token)
             logprobs.append(logp)
-            hit_stop = torch.isin(token, self.stop_ids) & ~done
+            hit_stop = torch.isin(token, stop_ids) & ~done
             finished |= hit_stop
             done |= hit_stop | (budget <= step + 1)
             if bool(done.all()):
                 break
-            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long)], dim=-1)
+            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=-1)
             positions = positions[:, -1:] + 1  # [B, 1]
             output = self.model(
                 input_ids=token[:, None],

@@ -26,6 +26,9 @@ class TokenBatch(NamedTuple):
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
 
+    def to(self, device: torch.device) -> TokenBatch:
+        return TokenBatch(*(tensor.to(device) for tensor in self))
+
 
 def collate(trajectories: list[Trajectory], pad_id: int) -> TokenBatch:
     width = max(len(t.token_ids) for t in trajectories)
@@ -64,7 +67,8 @@ def forward_logprobs(
     model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the targets under `model` (at the sampling temperature), and
-    optionally the per-token entropy (detached). Shapes [B, L-1]."""
+    optionally the per-token entropy (detached). Shapes [B, L-1], on the model's device."""
+    batch = batch.to(next(model.parameters()).device)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1].float()  # [B, L-1, V]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature

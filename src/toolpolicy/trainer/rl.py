@@ -31,10 +31,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import Algorithm, first_groups
-from toolpolicy.build import build_engine, build_rubric, load_policy_model
+from toolpolicy.build import build_engine, build_rubric, load_policy_model, trainable_policy
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.gate import rewind
-from toolpolicy.model import load_policy
+from toolpolicy.model.adapters import reference_mode
+from toolpolicy.model.placement import memory_metrics
 from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
 from toolpolicy.rollout import RolloutEngine, Trajectory
 from toolpolicy.trainer.batch import TokenBatch, collate, forward_logprobs, micro_batches
@@ -136,9 +137,10 @@ def policy_update(
     for rows, piece in micro_batches(batch, micro_batch_size):
         logprobs, entropy = forward_logprobs(model, piece, temperature, with_entropy=True)  # [b, l]
         piece_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, : logprobs.shape[1]]
+        piece_advantages, piece = piece_advantages.to(logprobs.device), piece.to(logprobs.device)
         ref_logprobs = None
         if reference is not None:
-            with torch.no_grad():
+            with torch.no_grad(), reference_mode(reference):
                 ref_logprobs, _ = forward_logprobs(reference, piece, temperature)  # [b, l]
         loss, stats = algorithm.objective(
             logprobs, piece.old_logprobs, piece_advantages, piece.loss_mask, ref_logprobs, total_tokens, total_sequences
@@ -210,10 +212,13 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     sampling = Sampling(cfg.prompts_per_step, cfg.group_size, cfg.dynamic_sampling, cfg.max_refill_rounds, cfg.seed)
     phase_dir = run_dir / "rl"
     checkpoint = latest_checkpoint(phase_dir) if resume else None
-    policy = load_policy_model(cfg, checkpoint or cfg.init_from)
+    policy = trainable_policy(cfg, checkpoint or cfg.init_from, phase_dir, resuming=checkpoint is not None)
     model = policy.model
-    reference = load_policy(cfg.init_from)[0].eval() if (cfg.beta > 0 or cfg.log_kl) else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.rl_lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
+    reference = None
+    if cfg.beta > 0 or cfg.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from
+        reference = model if cfg.lora_rank else load_policy_model(cfg, cfg.init_from).model.eval()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.rl_lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     warmup = max(1, cfg.rl_warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     sampler = torch.Generator().manual_seed(cfg.seed)
@@ -257,7 +262,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             if order:
                 chosen = collate([trajectories[i] for i in order], policy.pad_id)
                 update = policy_update(model, reference, chosen, advantages[order], algorithm, cfg.temperature, cfg.micro_batch_size)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
                 optimizer.step()
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
@@ -269,6 +274,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record["trained_episodes"] = len(order)
             record.update({"refill_rounds": rollouts.refill_rounds, "grad_norm": grad_norm, "lr": lr})
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
+            record.update(memory_metrics(model, optimizer))
             log.write(record)
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:
                 save_checkpoint(

@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import aggregate_loss
 from toolpolicy.config import Config
-from toolpolicy.build import load_policy_model
+from toolpolicy.build import trainable_policy
+from toolpolicy.model.placement import memory_metrics
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
@@ -56,7 +57,7 @@ def sft_loss(model: torch.nn.Module, examples: list[Trajectory], pad_id: int, mi
     total = 0.0
     for _, piece in micro_batches(batch, micro_batch_size):
         logprobs, _ = forward_logprobs(model, piece)  # [b, l]
-        loss = aggregate_loss(-logprobs, piece.loss_mask, "token_mean", total_tokens, len(examples))
+        loss = aggregate_loss(-logprobs, piece.loss_mask.to(logprobs.device), "token_mean", total_tokens, len(examples))
         loss.backward()
         total += float(loss.detach())
     return total
@@ -69,11 +70,12 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     if cfg.model == "embedded" and not (base / "config.json").is_file():
         build_embedded(cfg, base)
     checkpoint = latest_checkpoint(phase_dir) if resume else None
-    policy = load_policy_model(cfg, checkpoint or base)
+    policy = trainable_policy(cfg, checkpoint or base, phase_dir, resuming=checkpoint is not None)
     model = policy.model
     examples = demonstrations(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.sft_warmup_steps, cfg.sft_steps))
     start = restore_state(checkpoint, optimizer, scheduler, None).step if checkpoint else 0
     log = MetricsLog(run_dir / "metrics.jsonl")
@@ -85,13 +87,14 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         chosen = [examples[i] for i in batch_indices(len(examples), cfg.sft_batch_size, step, cfg.seed)]
         optimizer.zero_grad(set_to_none=True)
         loss = sft_loss(model, chosen, policy.pad_id, cfg.micro_batch_size)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         tokens = sum(t.sampled_tokens for t in chosen)
         elapsed = time.perf_counter() - began
-        log.write({"phase": "sft", "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed})
+        record = {"phase": "sft", "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed}
+        log.write({**record, "time/step": elapsed, **memory_metrics(model, optimizer)})
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.sft_steps:
             save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, None, cfg.keep_checkpoints)
 

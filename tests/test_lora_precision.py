@@ -1,0 +1,130 @@
+"""LoRA, precision, devices and memory: adapters train and checkpoint alone, the KL
+reference is the base with the adapter off, a merged export loads in transformers, and
+the sampler and the trainer agree on log-probabilities in each precision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from toolpolicy.cli import main
+from toolpolicy.config import ConfigError, load_config
+from toolpolicy.envs.calc import CalcEnv
+from toolpolicy.model import ChatChoice, PolicyModel
+from toolpolicy.model.adapters import is_adapter
+from toolpolicy.model.placement import Placement
+from toolpolicy.rollout import HFBackend, Limits, RolloutEngine
+from toolpolicy.trainer.batch import collate, forward_logprobs
+
+from conftest import SMOKE
+
+CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
+LORA = ["--set", "lora_rank=8", "--set", "lora_alpha=16"]
+
+
+def _metrics(run_dir: Path, phase: str) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["phase"] == phase]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SFT with a LoRA adapter on the shipped calc model, then RL with a KL term."""
+    run_dir = tmp_path_factory.mktemp("lora") / "run"
+    common = ["--set", f"run_dir={run_dir}", *LORA]
+    assert main(["sft", str(SMOKE), *common, "--set", f"model={CALC_SFT}", "--set", "sft_steps=4", "--set", "checkpoint_every=2"]) == 0
+    rl = ["--set", f"init_from={run_dir / 'sft' / 'final'}", "--set", "rl_steps=2", "--set", "beta=0.05", "--set", "max_idle_steps=0"]
+    assert main(["train", str(SMOKE), *common, *rl]) == 0
+    return run_dir
+
+
+def test_lora_checkpoints_hold_the_adapter_alone(lora_run: Path) -> None:
+    for folder in (lora_run / "sft" / "final", lora_run / "rl" / "final", lora_run / "sft" / "checkpoints" / "step_000002"):
+        assert is_adapter(folder) and (folder / "adapter_model.safetensors").is_file(), folder
+        assert not (folder / "model.safetensors").exists(), folder
+    # RL from an SFT adapter trains a fresh adapter on the merged SFT model, its reference
+    base = json.loads((lora_run / "rl" / "final" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert Path(base) == (lora_run / "rl" / "base").resolve() and (Path(base) / "model.safetensors").is_file()
+
+
+def test_lora_trains_few_parameters_and_logs_memory(lora_run: Path) -> None:
+    full = sum(p.numel() for p in PolicyModel.load(CALC_SFT).model.parameters())
+    for phase in ("sft", "rl"):
+        rows = _metrics(lora_run, phase)
+        assert all(0 < r["trainable_params"] < full / 10 for r in rows), rows[0]["trainable_params"]
+        assert all(r["memory/peak_mb"] > 0 and r["memory/optimizer_mb"] > 0 for r in rows)
+    from safetensors.torch import load_file
+
+    adapter = load_file(lora_run / "sft" / "final" / "adapter_model.safetensors")
+    moved = [name for name, tensor in adapter.items() if "lora_B" in name and float(tensor.abs().max()) > 0]
+    assert moved, "SFT never moved the adapter (lora_B starts at zero)"
+
+
+def test_kl_reference_is_the_base_with_the_adapter_off(lora_run: Path) -> None:
+    """At RL's first step the fresh adapter is zero: policy == reference, KL 0; the
+    update then moves the adapter and the KL grows."""
+    rows = _metrics(lora_run, "rl")
+    assert abs(rows[0]["kl"]) < 1e-6 and rows[0]["ratio_max"] < 1 + 1e-4
+    assert rows[1]["kl"] > 1e-9  # after one update the adapter on and off differ
+    policy = PolicyModel.load(lora_run / "rl" / "final")
+    ids = torch.tensor([policy.encode("Compute 12*7 with the calculator.")])
+    with torch.no_grad():
+        tuned = policy.model(input_ids=ids).logits
+        with policy.model.disable_adapter():
+            reference = policy.model(input_ids=ids).logits
+    base = AutoModelForCausalLM.from_pretrained(lora_run / "rl" / "base")
+    with torch.no_grad():
+        assert torch.allclose(reference, base(input_ids=ids).logits, atol=1e-5)
+    assert (tuned - reference).abs().max() > 1e-4  # RL moved the adapter
+
+
+def test_export_merge_writes_a_model_transformers_loads(lora_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    assert main(["export", str(lora_run), "--merge", "--out", str(out)]) == 0
+    policy = PolicyModel.load(lora_run / "rl" / "final")
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([policy.encode("Compute 12*7 with the calculator.")])
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, policy.model(input_ids=ids).logits, atol=1e-4)
+    assert PolicyModel.load(out).stop_ids == policy.stop_ids  # tokenizer and template came along
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("bfloat16", 0.05)])
+def test_sampler_and_trainer_agree_in_each_precision(dtype: str, tolerance: float) -> None:
+    """The KV-cache sampler and the trainer's full forward, both under the same autocast,
+    give the sampled tokens log-probabilities within the stated tolerance: 1e-4 nats in
+    float32, 0.05 in bfloat16 (measured here: 1.2e-6 and 6.5e-3 at most; bench/
+    lora_precision.py measures the gap on a 25M model)."""
+    policy = PolicyModel.load(CALC_SFT, ChatChoice(), Placement(device="cpu", dtype=dtype))
+    env = CalcEnv()
+    backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits())
+    trajectories = engine.run(env.tasks("eval", 8, seed=2))
+    batch = collate(trajectories, policy.pad_id)
+    with torch.no_grad():
+        recomputed, _ = forward_logprobs(policy.model, batch)
+    mask = batch.loss_mask.bool()
+    gap = (recomputed[mask] - batch.old_logprobs[mask]).abs()
+    assert int(mask.sum()) > 50 and float(gap.max()) < tolerance, float(gap.max())
+
+
+def test_gradient_checkpointing_gives_the_same_step(tmp_path: Path) -> None:
+    losses = {}
+    for flag in (False, True):
+        run_dir = tmp_path / f"gc-{flag}"
+        args = ["--set", f"run_dir={run_dir}", "--set", f"model={CALC_SFT}", "--set", "sft_steps=2", "--set", f"gradient_checkpointing={str(flag).lower()}"]
+        assert main(["sft", str(SMOKE), *args]) == 0
+        losses[flag] = [r["loss"] for r in _metrics(run_dir, "sft")]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+
+
+def test_devices_that_are_not_there_are_config_errors(tmp_path: Path, capsys) -> None:
+    with pytest.raises(ConfigError, match="device"):
+        load_config(SMOKE, ["device=tpu"])
+    if not torch.cuda.is_available():
+        assert main(["eval", str(SMOKE), "--set", f"run_dir={tmp_path}", "--set", f"eval_checkpoint={CALC_SFT}", "--set", "device=cuda"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
