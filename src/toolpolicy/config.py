@@ -54,7 +54,7 @@ class Config(BaseModel):
     """Embedded model: demonstration conversations the tokenizer is trained on."""
     compact_tools_prompt: bool = True
     """Embedded model: describe tools in a short system-prompt block instead of Qwen2.5's long one (cheaper for a tiny model)."""
-    chat_format: str = "auto"
+    chat_format: Literal["auto", "hermes", "llama3_json", "mistral"] = "auto"
     """The model's tool-call syntax: auto (read from its chat template), hermes, llama3_json or mistral."""
     chat_template: str = ""
     """A Jinja chat template file to use instead of the checkpoint's own (e.g. a prefix-preserving training template)."""

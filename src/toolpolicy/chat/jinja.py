@@ -42,6 +42,8 @@ from toolpolicy.types import Message, ToolCall, ToolSpec
 
 PROBE = (Message("user", "Hi."),)
 """The neutral opening turn fragments are cut against."""
+MARK_START = "\U000f0000"
+"""The private-use character transformers puts before a marked control token."""
 
 
 class ChatFormatError(ValueError):
@@ -234,10 +236,6 @@ class JinjaTemplate:
             return value
         pattern, _ = _get_control_token_patterns(self.control_tokens)
         return mark_control_tokens(value, pattern)
-
-
-MARK_START = "\U000f0000"
-"""The private-use character transformers puts before a marked control token."""
 
 
 def _turn_shapes(reasoning: bool) -> dict[str, list[Any]]:
