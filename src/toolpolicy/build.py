@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from toolpolicy.config import Config, ConfigError, save_config
+from toolpolicy.config import Config, save_config
 from toolpolicy.envs import Env, hotel, make_env
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
@@ -88,13 +88,8 @@ def placement(cfg: Config) -> Placement:
 
 def load_policy_model(cfg: Config, path: str | Path) -> PolicyModel:
     """The checkpoint at `path` in the chat format, on the device and in the precision the
-    config asks for. A device the machine lacks is a ConfigError."""
-    try:
-        return PolicyModel.load(path, chat_choice(cfg), placement(cfg))
-    except ValueError as error:
-        if "device" not in str(error):
-            raise
-        raise ConfigError(str(error)) from None
+    config asks for (a device the machine lacks is DeviceUnavailable)."""
+    return PolicyModel.load(path, chat_choice(cfg), placement(cfg))
 
 
 def trainable_policy(cfg: Config, path: str | Path, phase_dir: Path, resuming: bool) -> PolicyModel:

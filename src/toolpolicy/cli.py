@@ -255,9 +255,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from toolpolicy.eval.bfcl import BfclFileError
     from toolpolicy.gate import PolicyError
     from toolpolicy.model.files import CheckpointError
+    from toolpolicy.model.placement import DeviceUnavailable
     from toolpolicy.trainer.rl import TrainingStalled
 
-    return (ConfigError, PolicyError, BfclFileError, FileNotFoundError, CheckpointError, TrainingStalled, ChatFormatError)
+    return (ConfigError, PolicyError, BfclFileError, FileNotFoundError, CheckpointError, TrainingStalled, ChatFormatError, DeviceUnavailable)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from jinja2 import TemplateError
@@ -213,7 +214,7 @@ class JinjaTemplate:
         """The rendering of PROBE + messages past the rendering of PROBE's prompt. With a
         `fallback`, a template that refuses the first (assistant) message's calls (Llama
         3.1 takes one call per turn) renders it with the fallback calls instead."""
-        head = self.render_prompt(PROBE)
+        head = self._probe_prompt
         try:
             whole = self.render([*PROBE, *messages], add_generation_prompt=add_generation_prompt)
         except ChatFormatError:
@@ -223,6 +224,11 @@ class JinjaTemplate:
         if not whole.startswith(head):
             raise ChatFormatError("the chat template renders a user turn differently once an assistant answers it; toolpolicy cannot cut fragments from it")
         return whole[len(head) :]
+
+    @cached_property
+    def _probe_prompt(self) -> str:
+        """PROBE's prompt, rendered once: every fragment is cut against it."""
+        return self.render_prompt(PROBE)
 
     def _last_end_of_turn(self, text: str) -> int:
         """Index of the last end-of-turn token the template wrote (not one inside marked text)."""

@@ -137,7 +137,6 @@ class PolicyModel:
         return PolicyModel(model, tokenizer, *codec(tokenizer), chat, stops, pad)
 
 
-
 def newest_model(source: str | Path) -> Path:
     """A run folder's newest result (RUN/rl/final, else RUN/sft/final), or `source` itself."""
     source = Path(source)

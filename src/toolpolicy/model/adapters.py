@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,12 @@ ADAPTER_CONFIG = "adapter_config.json"
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """The config's lora_* fields; rank 0 is full fine-tuning."""
+    """The config's lora_* fields (their defaults live there)."""
 
-    rank: int = 0
-    alpha: int = 16
-    dropout: float = 0.0
-    targets: tuple[str, ...] = field(default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    rank: int
+    alpha: int
+    dropout: float
+    targets: tuple[str, ...]
 
 
 def is_adapter(folder: str | Path) -> bool:

@@ -31,6 +31,10 @@ class Placement:
     """Recompute activations in the backward pass instead of storing them."""
 
 
+class DeviceUnavailable(ValueError):
+    """The configured device is not on this machine; the message says what to set instead."""
+
+
 def resolve_device(name: str) -> torch.device:
     """The torch device `name` asks for; auto picks the first accelerator there is."""
     if name == "auto":
@@ -41,9 +45,9 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r}: this machine has no CUDA device; use device: auto or cpu")
+        raise DeviceUnavailable(f"device {name!r}: this machine has no CUDA device; use device: auto or cpu")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {name!r}: MPS is not available here; use device: auto or cpu")
+        raise DeviceUnavailable(f"device {name!r}: MPS is not available here; use device: auto or cpu")
     return device
 
 

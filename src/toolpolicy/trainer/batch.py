@@ -68,7 +68,7 @@ def forward_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the targets under `model` (at the sampling temperature), and
     optionally the per-token entropy (detached). Shapes [B, L-1], on the model's device."""
-    batch = batch.to(next(model.parameters()).device)
+    batch = batch.to(next(model.parameters()).device)  # no copy when the caller moved it already
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1].float()  # [B, L-1, V]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature

@@ -35,7 +35,7 @@ from toolpolicy.build import build_engine, build_rubric, load_policy_model, trai
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.gate import rewind
 from toolpolicy.model.adapters import reference_mode
-from toolpolicy.model.placement import memory_metrics
+from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
 from toolpolicy.rollout import RolloutEngine, Trajectory
 from toolpolicy.trainer.batch import TokenBatch, collate, forward_logprobs, micro_batches
@@ -134,10 +134,12 @@ def policy_update(
     total_sequences = float(batch.input_ids.shape[0])
     sums: dict[str, float] = defaultdict(float)
     ratio_max = 0.0
+    device = device_of(model)
     for rows, piece in micro_batches(batch, micro_batch_size):
+        piece = piece.to(device)
         logprobs, entropy = forward_logprobs(model, piece, temperature, with_entropy=True)  # [b, l]
         piece_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, : logprobs.shape[1]]
-        piece_advantages, piece = piece_advantages.to(logprobs.device), piece.to(logprobs.device)
+        piece_advantages = piece_advantages.to(device)
         ref_logprobs = None
         if reference is not None:
             with torch.no_grad(), reference_mode(reference):

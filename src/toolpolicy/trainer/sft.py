@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from toolpolicy.algorithms import aggregate_loss
 from toolpolicy.config import Config
 from toolpolicy.build import trainable_policy
-from toolpolicy.model.placement import memory_metrics
+from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
@@ -55,9 +55,11 @@ def sft_loss(model: torch.nn.Module, examples: list[Trajectory], pad_id: int, mi
     batch = collate(sorted(examples, key=lambda t: len(t.token_ids)), pad_id)  # similar lengths share a micro-batch
     total_tokens = float(batch.loss_mask.sum())
     total = 0.0
+    device = device_of(model)
     for _, piece in micro_batches(batch, micro_batch_size):
+        piece = piece.to(device)
         logprobs, _ = forward_logprobs(model, piece)  # [b, l]
-        loss = aggregate_loss(-logprobs, piece.loss_mask.to(logprobs.device), "token_mean", total_tokens, len(examples))
+        loss = aggregate_loss(-logprobs, piece.loss_mask, "token_mean", total_tokens, len(examples))
         loss.backward()
         total += float(loss.detach())
     return total
