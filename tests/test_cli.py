@@ -27,12 +27,16 @@ def test_demo_writes_a_complete_run_folder(smoke_run: Path):
     assert [r["step"] for r in lines if r["phase"] == "sft"] == list(range(1, 61))
     rl = [r for r in lines if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2, 3, 4]
-    for key in ("reward", "accuracy", "accuracy/easy", "accuracy/hard", "tool_calls/easy", "invalid_call_rate", "kl", "entropy"):
+    for key in ("reward", "accuracy", "accuracy/easy", "accuracy/hard", "tool_calls/easy", "invalid_call_rate", "entropy"):
         assert all(key in r for r in rl), key
+    assert not any("kl" in r for r in rl), "log_kl is off by default: no reference forward for a metric"
+    assert all(r["tokens/prefill"] > 0 and r["tokens/decode"] > 0 for r in rl)
     trained = [r for r in rl if r["trained_episodes"]]
     assert trained, "no RL step of the smoke run trained"
     for r in trained:  # old log-probs are the rollout's own: the update starts at ratio 1, nothing clipped
         assert abs(r["ratio"] - 1) < 1e-4 and r["ratio_max"] < 1 + 1e-3 and r["clip_frac"] == 0.0, r
+        assert r["mismatch/abs_max"] < 1e-4 and r["mismatch/truncated"] == 0.0, r  # the hf sampler is the trainer
+        assert 0 < r["tokens/update"] and r["tokens/reference"] == 0
     for name in ("sft", "rl"):
         result = json.loads((smoke_run / "eval" / f"{name}.json").read_text())
         assert result["n"] == 24 and result["infra_errors"] == 0

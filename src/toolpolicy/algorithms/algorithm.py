@@ -49,17 +49,21 @@ class Algorithm:
 
     def objective(
         self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,
-        ref_logprobs: Tensor | None, total_tokens: float, total_sequences: float,
+        ref_logprobs: Tensor | None, total_tokens: float, total_sequences: float, weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         """One micro-batch's share of the whole batch's loss, and detached stats.
 
         logprobs, old_logprobs, loss_mask, ref_logprobs [b, T]; advantages [b] or [b, T].
         total_tokens / total_sequences count the whole batch, so micro-batch losses add up.
+        weights [b, T] scale each token's policy-gradient term (truncated importance
+        sampling of a sampler that is not the trainer, toolpolicy.algorithms.correction).
         Stats: the policy loss's, and with a reference `kl_sum`, the masked sum of the KL.
         """
         per_token, stats = self.policy_loss(
             logprobs, old_logprobs, advantages, self.clip_low, self.clip_high, loss_mask=loss_mask, dual_clip=self.dual_clip
         )  # [b, T]
+        if weights is not None:
+            per_token = per_token * weights
         if ref_logprobs is not None:
             kl = self.kl(logprobs, ref_logprobs)  # [b, T]
             if self.beta > 0:

@@ -2,7 +2,7 @@
 
 A backend never sees text or messages, only ids, so that what it returns is
 appended to the trajectory unchanged (DESIGN contract 1). `HFBackend` runs any
-local Hugging Face causal LM with a KV cache; `ScriptedBackend` replays fixed
+local Hugging Face causal LM, keeping each episode's KV cache across its turns; `ScriptedBackend` replays fixed
 assistant messages through the same engine, which is how SFT demonstrations
 are tokenized and how the engine is tested without a model.
 """
@@ -10,11 +10,14 @@ are tokenized and how the engine is tested without a model.
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from transformers.cache_utils import DynamicCache
 
+from toolpolicy.rollout.kv_cache import Forward, RowCache, cache_argument
 from toolpolicy.types import Message
 
 
@@ -38,24 +41,38 @@ class Generation:
 
 
 class Backend(Protocol):
-    def generate(self, requests: list[GenRequest]) -> list[Generation]: ...
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        """Continue each request's ids; a request with the `key` of an earlier one continues that episode."""
 
+    def forget(self) -> None:
+        """Drop what is kept about the episodes so far (the engine calls it when a batch of episodes ends)."""
 
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """transformers renamed `past_key_values` to `cache`; accept both versions."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    def sync(self, model: torch.nn.Module) -> None:
+        """Sample from `model`'s current weights from now on (RL calls it after each optimizer step)."""
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Token positions run so far, by kind (prefill, decode), for the step's `tokens/*` metrics."""
+
+    def close(self) -> None:
+        """Release what the backend holds beyond the trainer's model (a vLLM engine and its worker)."""
 
 
 class HFBackend:
-    """Batched sampling with a KV cache on a local transformers model.
+    """Batched sampling on a local transformers model, keeping each episode's KV cache across turns.
 
-    Prefixes are left-padded into one batch, prefilled once, then decoded one
-    token per step for the whole batch. Rows that have stopped keep decoding
-    (their tokens are discarded) so the cache stays rectangular; the batch ends
-    when every row has stopped or spent its budget. Log-probabilities are those
-    of the distribution actually sampled from (logits / temperature), which is
-    what the trainer recomputes.
+    The first turn of a batch prefills each distinct prompt once (a group's samples share
+    it). Later turns continue the cached rows (toolpolicy.rollout.kv_cache): only the ids
+    appended since (the stop token, the observation) are run through the model, so no
+    turn re-reads the conversation. A request whose ids do not extend its episode's cached
+    ids starts a new row from its full ids, so the cache changes how often a token is
+    computed, never what. `forget()` drops every row (the engine calls it after each batch
+    of episodes; the next batch runs on updated weights).
+
+    Log-probabilities are those of the distribution actually sampled from
+    (logits / temperature), which is what the trainer recomputes. `counts` tallies the
+    token positions run through the model: prefill (prompts and appended tokens) and
+    decode (one per live row per sampling step, also for rows already stopped).
     """
 
     def __init__(
@@ -74,13 +91,54 @@ class HFBackend:
         self.generator = generator
         self.temperature = temperature
         self.max_batch = max_batch
-        self._cache_name = _cache_kwarg(model)
+        self.counts: Counter[str] = Counter()
+        self._forward = _forward_of(model)
+        self._rows: list[RowCache] = []
+
+    def forget(self) -> None:
+        """Drop every cached row (call after the weights changed, or when a batch of episodes ended)."""
+        self._rows = []
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Nothing to push: this backend samples from the trainer's own model. The cached rows
+        were computed under the old weights."""
+        self.forget()
+
+    def close(self) -> None:
+        self.forget()
 
     def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        out: list[Generation] = []
-        for start in range(0, len(requests), self.max_batch):
-            out.extend(self._generate_batch(requests[start : start + self.max_batch]))
-        return out
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self._generate(requests)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, requests: list[GenRequest]) -> list[Generation]:
+        picks: dict[int, tuple[int, int]] = {}  # request -> the (piece, row) of the cache it continues
+        for i, request in enumerate(requests):
+            for piece, rows in enumerate(self._rows):
+                row = rows.extends(request.key, request.ids)
+                if row is not None:
+                    picks[i] = (piece, row)
+                    break
+        device = next(self.model.parameters()).device
+        out: dict[int, Generation] = {}
+        pieces: list[RowCache] = []
+        continuing = list(picks)
+        for chunk in _chunks(continuing, self.max_batch):
+            cached = [self._rows[piece].ids[row] for piece, row in (picks[i] for i in chunk)]
+            rows = RowCache.gather(self._rows, [picks[i] for i in chunk], [requests[i].key for i in chunk], cached)
+            rows.append([requests[i].ids[len(ids) :] for i, ids in zip(chunk, cached)], self._forward, self.pad_id, self.counts)
+            out.update(zip(chunk, self._decode(rows, [requests[i] for i in chunk], pieces)))
+        for chunk in _chunks([i for i in range(len(requests)) if i not in picks], self.max_batch):
+            keys, prompts = [requests[i].key for i in chunk], [requests[i].ids for i in chunk]
+            rows = RowCache.prefill(keys, prompts, self._forward, self.pad_id, device, self.counts)
+            out.update(zip(chunk, self._decode(rows, [requests[i] for i in chunk], pieces)))
+        self._rows = pieces
+        return [out[i] for i in range(len(requests))]
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row and its log-probability under the sampling distribution."""
@@ -93,28 +151,24 @@ class HFBackend:
             token = torch.multinomial(logp.exp().cpu(), 1, generator=self.generator).squeeze(-1).to(logits.device)  # [B]
         return token, logp.gather(-1, token[:, None]).squeeze(-1)
 
-    @torch.no_grad()
-    def _generate_batch(self, requests: list[GenRequest]) -> list[Generation]:
-        was_training = self.model.training
-        self.model.eval()
-        batch, width = len(requests), max(len(r.ids) for r in requests)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)  # [B, W]
-        attention = torch.zeros((batch, width), dtype=torch.long)  # [B, W]
-        for row, request in enumerate(requests):
-            input_ids[row, width - len(request.ids) :] = torch.tensor(request.ids)
-            attention[row, width - len(request.ids) :] = 1
-        device = next(self.model.parameters()).device
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [B, W]
-        budget = torch.tensor([r.max_new_tokens for r in requests], device=device)  # [B]
+    def _decode(self, rows: RowCache, requests: list[GenRequest], pieces: list[RowCache]) -> list[Generation]:
+        """Sample every row until it stops or spends its budget. Rows that are done leave the
+        decode batch (once they are a quarter of it), parked with their cache; every piece,
+        settled with the tokens its rows kept, is added to `pieces` for the next turn.
 
-        output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
-        cache = getattr(output, self._cache_name)
-        logits = output.logits[:, -1].float()  # [B, V]
-        tokens, logprobs = [], []
+        Every step samples for every row, done or not, in request order (the done ones from
+        their last logits, the draw then discarded), so the generator's draws, and with them
+        the samples, do not depend on when rows leave the batch."""
+        device = rows.attention.device
+        budget = torch.tensor([r.max_new_tokens for r in requests], device=device)  # [B]
+        batch = len(requests)
+        stop_ids = self.stop_ids.to(device)
         done = budget <= 0  # [B]
         finished = torch.zeros(batch, dtype=torch.bool, device=device)  # [B]
-        stop_ids = self.stop_ids.to(device)
+        logits = rows.logits.clone()  # [B, V]
+        live = list(range(batch))  # the request of each row of `rows`
+        parked: list[tuple[RowCache, list[int]]] = []
+        tokens, logprobs = [], []
         for step in range(int(budget.max())):
             token, logp = self._sample(logits)
             tokens.append(token)
@@ -124,31 +178,49 @@ class HFBackend:
             done |= hit_stop | (budget <= step + 1)
             if bool(done.all()):
                 break
-            attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=-1)
-            positions = positions[:, -1:] + 1  # [B, 1]
-            output = self.model(
-                input_ids=token[:, None],
-                attention_mask=attention,
-                position_ids=positions,
-                use_cache=True,
-                **{self._cache_name: cache},
-            )
-            cache = getattr(output, self._cache_name)
-            logits = output.logits[:, -1].float()
-        if was_training:
-            self.model.train()
-        if not tokens:
-            return [Generation([], [], False) for _ in requests]
-        sampled = torch.stack(tokens, dim=1)  # [B, steps]
-        sampled_logp = torch.stack(logprobs, dim=1)  # [B, steps]
-        results = []
-        for row in range(batch):
-            ids = sampled[row].tolist()
-            n = min(len(ids), int(budget[row]))
-            stops = [i for i in range(n) if ids[i] in self.stop_set]
-            n = stops[0] + 1 if stops else n
-            results.append(Generation(ids[:n], sampled_logp[row, :n].tolist(), bool(finished[row])))
+            leaving = [k for k, i in enumerate(live) if done[i]]
+            if 4 * len(leaving) >= len(live):
+                staying = [k for k, i in enumerate(live) if not done[i]]
+                parked.append((rows.take(leaving), [live[k] for k in leaving]))
+                rows, live = rows.take(staying), [live[k] for k in staying]
+            index = torch.tensor(live, device=device)
+            logits[index] = rows.feed(token[index], self._forward, self.counts)
+        results = [Generation([], [], False) for _ in requests]
+        if tokens:
+            sampled = torch.stack(tokens, dim=1).tolist()  # [B, steps]
+            sampled_logp = torch.stack(logprobs, dim=1).tolist()  # [B, steps]
+            for row in range(batch):
+                ids = sampled[row]
+                n = min(len(ids), requests[row].max_new_tokens)
+                stop = next((i for i in range(n) if ids[i] in self.stop_set), None)
+                n = n if stop is None else stop + 1
+                results[row] = Generation(ids[:n], sampled_logp[row][:n], bool(finished[row]))
+        for piece, members in parked + [(rows, live)]:
+            piece.settle([len(results[i].ids) for i in members])
+            pieces.append(piece)
         return results
+
+
+def _chunks(items: list[int], size: int) -> list[list[int]]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def _forward_of(model: torch.nn.Module) -> Forward:
+    """One forward step with a KV cache, returning the last position's logits [B, V] (float32)
+    and the cache. Only the last position's logits are computed where the model allows it."""
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cache_name = cache_argument(model)
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(core.forward).parameters else {}
+
+    def forward(
+        ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache | None
+    ) -> tuple[torch.Tensor, DynamicCache]:
+        output = model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **{cache_name: cache}, **last_only
+        )
+        return output.logits[:, -1].float(), getattr(output, cache_name)
+
+    return forward
 
 
 class ScriptedBackend:
@@ -164,6 +236,16 @@ class ScriptedBackend:
         self.render = render
         self.encode = encode
         self.turn: dict[int, int] = {}
+        self.counts: Counter[str] = Counter()
+
+    def forget(self) -> None:
+        """Nothing to drop: each episode's script position is kept, so a script runs once."""
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Nothing to sync: scripts do not depend on weights."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def generate(self, requests: list[GenRequest]) -> list[Generation]:
         out = []

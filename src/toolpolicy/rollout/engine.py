@@ -18,6 +18,7 @@ the model sees it. Without a policy file the gate allows every call.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
@@ -213,12 +214,22 @@ class RolloutEngine(GatedLoop):
         backend: Backend,
         limits: Limits,
         gate: Gate | None = None,
+        tool_workers: int = 1,
     ) -> None:
         super().__init__(env, gate, limits)
         self.template = template
         self.encode = encode
         self.decode = decode
         self.backend = backend
+        self.tool_workers = tool_workers
+        """Episodes that act on their turn at once (tool calls through the gate, the simulated
+        user's reply), each in a thread: tools that wait on I/O then overlap. Within an episode
+        calls stay in order (a call's admission may depend on the one before)."""
+
+    def close(self) -> None:
+        """Close the gate's audit log and the backend."""
+        super().close()
+        self.backend.close()
 
     def start(self, task: Task) -> Trajectory:
         messages = self.env.initial_messages(task)
@@ -237,28 +248,47 @@ class RolloutEngine(GatedLoop):
                 for i in live
             ]
             generations = self.backend.generate(requests)
-            return [self._advance(trajectories[i], ledgers[i], sessions[i], g, turn) for i, g in zip(live, generations)]
+            texts = [self.decode(g.ids) for g in generations]
 
-        self.loop([t.episode for t in trajectories], take_turn, progress)
+            def act_on(k: int) -> list[Message] | None:
+                i = live[k]
+                return self._act(trajectories[i], ledgers[i], sessions[i], generations[k], texts[k], turn)
+
+            followed = list(pool.map(act_on, range(len(live))) if pool else map(act_on, range(len(live))))
+            return [self._append(trajectories[i], after, turn) for i, after in zip(live, followed)]
+
+        pool = ThreadPoolExecutor(self.tool_workers, thread_name_prefix="tools") if self.tool_workers > 1 else None
+        try:
+            self.loop([t.episode for t in trajectories], take_turn, progress)
+        finally:
+            self.backend.forget()  # the episodes ended; their keys are reused by the next batch
+            if pool is not None:
+                pool.shutdown()
         for t in trajectories:
             t.episode.response_tokens = t.response_len
         return trajectories
 
-    def _advance(self, trajectory: Trajectory, ledger: Ledger, session: Session, generation: Generation, turn: int) -> bool:
-        """Append one sampled turn and its observation; return whether the episode goes on."""
+    def _act(
+        self, trajectory: Trajectory, ledger: Ledger, session: Session, generation: Generation, text: str, turn: int
+    ) -> list[Message] | None:
+        """Append one sampled turn (decoded: `text`) and act on it: its calls through the gate,
+        or the user's reply to an answer. Returns the messages that follow it, or None when the
+        episode ends. Touches only this episode's state, so episodes act in parallel."""
         episode = trajectory.episode
-        ids = generation.ids
-        trajectory.append(ids, sampled=True, logprobs=generation.logprobs)
-        text = self.decode(ids)
+        trajectory.append(generation.ids, sampled=True, logprobs=generation.logprobs)
         if not generation.finished:
             episode.messages.append(Message("assistant", text.strip()))
-            truncate(episode, turn, "max_turn_tokens" if len(ids) else "max_tokens")
-            return False
-        observations = record_turn(
+            truncate(episode, turn, "max_turn_tokens" if generation.ids else "max_tokens")
+            return None
+        return record_turn(
             episode, session, *observe(text, self.template, session.tools, self.gate, ledger, turn, self.limits.max_call_chars)
         )
+
+    def _append(self, trajectory: Trajectory, observations: list[Message] | None, turn: int) -> bool:
+        """Append the observation fragment that follows a turn; return whether the episode goes on."""
         if observations is None:
             return False
+        episode = trajectory.episode
         fragment = self.encode(self.template.render_observation(observations, after=episode.messages[-1]))
         episode.messages.extend(observations)
         if trajectory.response_len + len(fragment) >= self.limits.max_tokens:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from toolpolicy.algorithms import entropy_from_logits, token_logprobs
 from toolpolicy.rollout import Trajectory
+from toolpolicy.rollout.kv_cache import cache_argument
 
 
 class TokenBatch(NamedTuple):
@@ -18,6 +21,7 @@ class TokenBatch(NamedTuple):
     targets:      [B, L-1]  input_ids[:, 1:]
     loss_mask:    [B, L-1]  1 where the target token was sampled by the policy
     old_logprobs: [B, L-1]  rollout log-probabilities of the targets (0 where masked)
+    prompt_lens:  [B]       tokens of each row's prompt (nothing in it is trained)
     """
 
     input_ids: torch.Tensor
@@ -25,6 +29,7 @@ class TokenBatch(NamedTuple):
     targets: torch.Tensor
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
+    prompt_lens: torch.Tensor
 
     def to(self, device: torch.device) -> TokenBatch:
         return TokenBatch(*(tensor.to(device) for tensor in self))
@@ -43,7 +48,8 @@ def collate(trajectories: list[Trajectory], pad_id: int) -> TokenBatch:
         attention[row, :n] = 1
         mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         logprobs[row, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
-    return TokenBatch(input_ids, attention, input_ids[:, 1:], mask[:, 1:], logprobs[:, 1:])
+    prompt_lens = torch.tensor([t.prompt_len for t in trajectories])
+    return TokenBatch(input_ids, attention, input_ids[:, 1:], mask[:, 1:], logprobs[:, 1:], prompt_lens)
 
 
 def micro_batches(batch: TokenBatch, size: int) -> list[tuple[slice, TokenBatch]]:
@@ -59,8 +65,19 @@ def micro_batches(batch: TokenBatch, size: int) -> list[tuple[slice, TokenBatch]
             targets=batch.targets[rows, : width - 1],
             loss_mask=batch.loss_mask[rows, : width - 1],
             old_logprobs=batch.old_logprobs[rows, : width - 1],
+            prompt_lens=batch.prompt_lens[rows],
         )))
     return pieces
+
+
+LogProbs = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+"""(model, batch, temperature, with_entropy=False) -> (log-probs [B, L-1], entropy or None)."""
+
+
+def distinct_prompt_tokens(batch: TokenBatch) -> int:
+    """Tokens of the batch's distinct prompts."""
+    prompts = {tuple(batch.input_ids[b, : int(n)].tolist()) for b, n in enumerate(batch.prompt_lens)}
+    return sum(map(len, prompts))
 
 
 def forward_logprobs(
@@ -75,3 +92,81 @@ def forward_logprobs(
     logprobs = token_logprobs(logits, batch.targets)  # [B, L-1]
     entropy = entropy_from_logits(logits.detach()) if with_entropy else None  # [B, L-1]
     return logprobs, entropy
+
+
+def shared_prompt_logprobs(
+    model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`forward_logprobs`, with each distinct prompt run once.
+
+    A group's episodes share their prompt: it is run once (left-padded with the other
+    distinct prompts), its KV cache, with its gradient, handed to every row of the prompt,
+    and only the responses run per row, attending to it. The log-probability of a row's
+    first response token comes from its prompt's last position. Same layout and values as
+    `forward_logprobs` (to float rounding); positions inside the prompt, which are never
+    trained, are 0. Needs a model that returns its KV cache (not with gradient checkpointing).
+    """
+    batch = batch.to(next(model.parameters()).device)
+    device = batch.input_ids.device
+    rows = batch.input_ids.shape[0]
+    lengths = batch.attention.sum(-1)  # [B]
+    prompt_lens = batch.prompt_lens  # [B]
+    distinct: dict[tuple[int, ...], int] = {}
+    source = torch.tensor(
+        [distinct.setdefault(tuple(batch.input_ids[b, : int(prompt_lens[b])].tolist()), len(distinct)) for b in range(rows)],
+        device=device,
+    )  # [B] -> distinct prompt
+    width = int(max(len(p) for p in distinct))
+    prompt_ids = torch.zeros((len(distinct), width), dtype=torch.long, device=device)  # [U, P], left-padded
+    prompt_attention = torch.zeros_like(prompt_ids)  # [U, P]
+    for row, prompt in enumerate(distinct):
+        prompt_ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
+        prompt_attention[row, width - len(prompt) :] = 1
+    positions = (prompt_attention.cumsum(-1) - 1).clamp(min=0)
+    cache_name = cache_argument(model)
+    shared = model(input_ids=prompt_ids, attention_mask=prompt_attention, position_ids=positions, use_cache=True)
+    cache = getattr(shared, cache_name)
+    cache.batch_select_indices(source)  # every row gets its prompt's keys and values, gradients kept
+
+    # Responses, right-padded: row b's tokens from its prompt's end.   [B, R]
+    span = int((lengths - prompt_lens).max())
+    offsets = torch.arange(span, device=device)  # [R]
+    inside = offsets[None, :] < (lengths - prompt_lens)[:, None]  # [B, R]
+    columns = (prompt_lens[:, None] + offsets[None, :]).clamp(max=batch.input_ids.shape[1] - 1)  # [B, R]
+    response_ids = torch.where(inside, batch.input_ids.gather(1, columns), 0)  # [B, R]
+    attention = torch.cat([prompt_attention[source], inside.long()], dim=-1)  # [B, P + R]
+    out = model(
+        input_ids=response_ids, attention_mask=attention, position_ids=prompt_lens[:, None] + offsets[None, :],
+        use_cache=True, **{cache_name: cache},
+    )
+    # logits[b, j] predicts response token j of row b: j = 0 from the prompt's last position.
+    logits = torch.cat([shared.logits[source, -1:], out.logits[:, :-1]], dim=1).float()  # [B, R, V]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    targets = torch.where(inside, response_ids, 0)  # [B, R]
+    response_logprobs = token_logprobs(logits, targets)  # [B, R]
+    # Back to the batch's layout: response token j of row b is target index prompt_lens[b] - 1 + j.
+    b_index, j_index = torch.nonzero(inside, as_tuple=True)
+    t_index = prompt_lens[b_index] - 1 + j_index
+    shape = batch.targets.shape  # [B, L-1]
+    logprobs = torch.zeros(shape, device=device).index_put((b_index, t_index), response_logprobs[b_index, j_index])
+    entropy = None
+    if with_entropy:
+        response_entropy = entropy_from_logits(logits.detach())  # [B, R]
+        entropy = torch.zeros(shape, device=device).index_put((b_index, t_index), response_entropy[b_index, j_index])
+    return logprobs, entropy
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """How the trainer recomputes log-probabilities, and the token positions that runs on a batch."""
+
+    logprobs: LogProbs
+    tokens: Callable[[TokenBatch], int]
+
+
+FULL_SEQUENCES = Recompute(forward_logprobs, lambda batch: int(batch.attention.sum()))
+SHARED_PROMPTS = Recompute(
+    shared_prompt_logprobs,
+    lambda batch: int(batch.attention.sum() - batch.prompt_lens.sum()) + distinct_prompt_tokens(batch),
+)

@@ -31,6 +31,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import Algorithm, first_groups
+from toolpolicy.algorithms.correction import Correction, mismatch_sums
 from toolpolicy.build import build_engine, build_rubric, load_policy_model, trainable_policy
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.gate import rewind
@@ -38,7 +39,7 @@ from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
 from toolpolicy.rollout import RolloutEngine, Trajectory
-from toolpolicy.trainer.batch import TokenBatch, collate, forward_logprobs, micro_batches
+from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, Restored, latest_checkpoint, restore_state, save_checkpoint, save_final
 from toolpolicy.trainer.credit import (
     Credit,
@@ -123,40 +124,53 @@ def policy_update(
     batch: TokenBatch,
     advantages: Tensor,
     algorithm: Algorithm,
+    correction: Correction,
+    recompute: Recompute,
     temperature: float,
     micro_batch_size: int,
 ) -> dict[str, float]:
     """Accumulate the objective's gradient over micro-batches. Returns detached stats.
 
     advantages: [B] per episode, or [B, L-1] per token (turn credit), cut to each piece's width.
-    Log-probabilities are recomputed at the rollout's sampling `temperature`."""
+    Log-probabilities are recomputed as `recompute` says (each distinct prompt once, unless
+    gradient checkpointing is on) at the rollout's sampling `temperature`; their gap to
+    the sampler's is measured (`mismatch/*`) and, with TIS, corrected."""
     total_tokens = float(batch.loss_mask.sum())
     total_sequences = float(batch.input_ids.shape[0])
     sums: dict[str, float] = defaultdict(float)
-    ratio_max = 0.0
+    ratio_max = mismatch_max = 0.0
     device = device_of(model)
     for rows, piece in micro_batches(batch, micro_batch_size):
         piece = piece.to(device)
-        logprobs, entropy = forward_logprobs(model, piece, temperature, with_entropy=True)  # [b, l]
+        logprobs, entropy = recompute.logprobs(model, piece, temperature, with_entropy=True)  # [b, l]
         piece_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, : logprobs.shape[1]]
         piece_advantages = piece_advantages.to(device)
         ref_logprobs = None
         if reference is not None:
             with torch.no_grad(), reference_mode(reference):
-                ref_logprobs, _ = forward_logprobs(reference, piece, temperature)  # [b, l]
+                ref_logprobs, _ = recompute.logprobs(reference, piece, temperature)  # [b, l]
+        old_logprobs, weights = correction.old_policy(logprobs, piece.old_logprobs)  # [b, l], [b, l] or None
         loss, stats = algorithm.objective(
-            logprobs, piece.old_logprobs, piece_advantages, piece.loss_mask, ref_logprobs, total_tokens, total_sequences
+            logprobs, old_logprobs, piece_advantages, piece.loss_mask, ref_logprobs, total_tokens, total_sequences, weights
         )
         loss.backward()
         weight = float(piece.loss_mask.sum())
+        mismatch = mismatch_sums(logprobs, piece.old_logprobs, piece.loss_mask, correction.cap)
         sums["loss"] += float(loss.detach())
         sums["entropy"] += float((entropy * piece.loss_mask).sum())
         sums["clip_frac"] += stats["clip_fraction"] * weight
         sums["ratio"] += stats["ratio_mean"] * weight
         sums["kl"] += stats.get("kl_sum", 0.0)
+        for key in ("abs", "kl", "truncated"):
+            sums[f"mismatch/{key}"] += mismatch[key]
+        sums["tokens/update"] += recompute.tokens(piece)  # forward and backward of the policy
+        sums["tokens/reference"] += recompute.tokens(piece) if reference is not None else 0
         ratio_max = max(ratio_max, stats["ratio_max"])
-    out = {"loss": sums["loss"], "ratio_max": ratio_max}
-    for key in ("entropy", "clip_frac", "ratio") + (("kl",) if reference is not None else ()):
+        mismatch_max = max(mismatch_max, mismatch["abs_max"])
+    out = {"loss": sums["loss"], "ratio_max": ratio_max, "mismatch/abs_max": mismatch_max}
+    out.update({key: sums[key] for key in ("tokens/update", "tokens/reference")})
+    means = ("entropy", "clip_frac", "ratio", "mismatch/abs", "mismatch/kl", "mismatch/truncated")
+    for key in means + (("kl",) if reference is not None else ()):
         out[key] = sums[key] / max(total_tokens, 1.0)
     return out
 
@@ -195,6 +209,12 @@ def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success
     return out
 
 
+def correction_of(cfg: Config) -> Correction:
+    """rollout_correction, with auto resolved: TIS when a separate engine samples, else none."""
+    name = cfg.rollout_correction if cfg.rollout_correction != "auto" else ("none" if cfg.backend == "hf" else "tis")
+    return Correction.named(name, cfg.tis_cap)
+
+
 def algorithm_of(cfg: Config) -> tuple[Algorithm, Credit, tuple[EpisodeFilter, ...]]:
     """The objective, the credit and the episode filters the config names, chosen once."""
     algorithm = Algorithm.named(
@@ -211,6 +231,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     if not cfg.init_from:
         raise ConfigError("init_from is empty: set it to the checkpoint RL starts from (for example RUN_DIR/sft/final)")
     algorithm, credit, filters = algorithm_of(cfg)
+    correction = correction_of(cfg)
+    recompute = FULL_SEQUENCES if cfg.gradient_checkpointing else SHARED_PROMPTS  # no KV cache to share then
     sampling = Sampling(cfg.prompts_per_step, cfg.group_size, cfg.dynamic_sampling, cfg.max_refill_rounds, cfg.seed)
     phase_dir = run_dir / "rl"
     checkpoint = latest_checkpoint(phase_dir) if resume else None
@@ -245,6 +267,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     with engine:  # closes the gate's audit log, if any, when RL ends
         for step in tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps):
             began = time.perf_counter()
+            counted = Counter(engine.backend.counts)
             # 1. Rollout: group_size episodes per task, contiguous, scored; refilled if too few groups carry a signal.
             rollouts = sample_groups(engine, rubric, credit, sampling, step)
             trajectories = rollouts.trajectories
@@ -257,15 +280,19 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             # 3. One policy-gradient step on the kept episodes' sampled tokens.
             model.train()
             optimizer.zero_grad(set_to_none=True)
-            # Kept episodes sorted by length, so micro-batches carry little padding.
-            order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: len(trajectories[i].token_ids))
+            # Kept episodes group by group (a micro-batch runs each prompt once), by length within a group.
+            order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: (i // cfg.group_size, len(trajectories[i].token_ids)))
             update: dict[str, float] = {}
             grad_norm = 0.0
             if order:
                 chosen = collate([trajectories[i] for i in order], policy.pad_id)
-                update = policy_update(model, reference, chosen, advantages[order], algorithm, cfg.temperature, cfg.micro_batch_size)
+                update = policy_update(
+                    model, reference, chosen, advantages[order], algorithm, correction, recompute, cfg.temperature,
+                    cfg.micro_batch_size,
+                )
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
                 optimizer.step()
+                engine.backend.sync(model)  # a sampler with its own copy of the weights gets the new ones
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
 
@@ -276,6 +303,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record["trained_episodes"] = len(order)
             record.update({"refill_rounds": rollouts.refill_rounds, "grad_norm": grad_norm, "lr": lr})
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
+            record.update({f"tokens/{kind}": n for kind, n in (Counter(engine.backend.counts) - counted).items()})
             record.update(memory_metrics(model, optimizer))
             log.write(record)
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:

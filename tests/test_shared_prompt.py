@@ -1,0 +1,46 @@
+"""The update runs each distinct prompt once: same log-probs, entropy and gradients as full sequences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from toolpolicy.envs import CalcEnv
+from toolpolicy.model import PolicyModel
+from toolpolicy.rollout import HFBackend, Limits, RolloutEngine
+from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, collate, distinct_prompt_tokens, micro_batches
+
+CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
+
+
+def test_shared_prompts_give_the_full_sequences_log_probs_and_gradients() -> None:
+    policy = PolicyModel.load(CALC_SFT)
+    env = CalcEnv()
+    backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_tokens=192, max_turn_tokens=64))
+    tasks = env.tasks("train", 3, seed=1)
+    trajectories = engine.run([task for task in tasks for _ in range(4)])
+    assert any(len(t.turn_spans) > 1 for t in trajectories), "some episodes should call the calculator"
+    batch = collate(trajectories, policy.pad_id)
+    model = policy.model.train()
+    results = {}
+    for name, recompute in (("full", FULL_SEQUENCES), ("shared", SHARED_PROMPTS)):
+        model.zero_grad()
+        pieces = []
+        for _, piece in micro_batches(batch, 5):  # pieces that cut through groups: prompts seen twice
+            logprobs, entropy = recompute.logprobs(model, piece, 0.7, with_entropy=True)
+            advantage = torch.linspace(-1, 1, piece.input_ids.shape[0])[:, None]
+            (-(logprobs * piece.loss_mask * advantage).sum()).backward()
+            pieces.append((logprobs.detach() * piece.loss_mask, entropy * piece.loss_mask))
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results[name] = (pieces, grads)
+    (full, full_grads), (shared, shared_grads) = results["full"], results["shared"]
+    for (a_logp, a_ent), (b_logp, b_ent) in zip(full, shared):
+        assert torch.allclose(a_logp, b_logp, atol=1e-5), float((a_logp - b_logp).abs().max())
+        assert torch.allclose(a_ent, b_ent, atol=1e-5)
+    assert float((full_grads - shared_grads).norm() / full_grads.norm()) < 1e-4
+    # What it saves: the prompts are most of the tokens, and a group's rows share one.
+    prompts = int(batch.prompt_lens.sum())
+    assert distinct_prompt_tokens(batch) * 4 == prompts
+    assert SHARED_PROMPTS.tokens(batch) == FULL_SEQUENCES.tokens(batch) - prompts + prompts // 4

