@@ -4,10 +4,13 @@ Three measurements on the shipped checkpoints, each alternating the variants (A 
 that machine drift hits both:
 
 1. hotel (checkpoints/hotel-sft, 8 tasks x 8 samples, up to 8 turns): the sampler that keeps
-   each episode's KV cache across turns and prefills a group's prompt once, against the same
-   sampler made to forget its cache before every turn (what every turn cost before: the
-   whole conversation prefilled again). Token positions run through the model (prefill,
-   decode) and seconds per rollout; the sampled ids are checked to be identical.
+   each episode's KV cache across turns, against the same sampler made to forget its cache
+   before every turn (the whole conversation prefilled again, the rest of its savings kept:
+   a group's prompt prefilled once, stopped rows out of the decode batch), and against the
+   previous sampler (`PREVIOUS`, read from git history at run time: every turn left-pads and
+   prefills every live conversation, every row decodes until the last one stops). Token
+   positions run through the model (prefill, decode) and seconds per rollout; the sampled
+   ids are checked to be identical.
 2. the same on calc (checkpoints/calc-sft, 12 tasks x 8 samples, up to 4 turns).
 3. concurrent tools: calc whose calculator waits 100 ms (a tool behind a network), rolled
    out with tool_workers 1 and 8.
@@ -23,7 +26,10 @@ import argparse
 import json
 import statistics
 import subprocess
+import sys
 import time
+import types
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -37,6 +43,26 @@ from toolpolicy.tools.calculator import calculator as real_calculator
 
 ROOT = Path(__file__).parent.parent
 OUT = ROOT / "bench" / "results" / "rollout_reuse.json"
+PREVIOUS = "0c755b6"
+"""The last commit whose sampler prefilled every conversation at every turn."""
+
+
+def previous_backend() -> type:
+    """The HFBackend of commit PREVIOUS, loaded from git history (nothing of it is kept in the tree)."""
+    source = subprocess.run(
+        ["git", "show", f"{PREVIOUS}:src/toolpolicy/rollout/backends.py"], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout
+    module = types.ModuleType("previous_backends")
+    sys.modules[module.__name__] = module  # its dataclasses look themselves up there
+    exec(compile(source, f"{PREVIOUS}:backends.py", "exec"), module.__dict__)
+
+    class Previous(module.HFBackend):
+        counts: Counter[str] = Counter()  # it counted nothing
+
+        def forget(self) -> None:
+            """It kept nothing."""
+
+    return Previous
 
 
 class ForgetEveryTurn(HFBackend):
@@ -102,15 +128,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     hotel = PolicyModel.load(ROOT / "checkpoints" / "hotel-sft")
     calc = PolicyModel.load(ROOT / "checkpoints" / "calc-sft")
+    previous = previous_backend()
     hotel_limits, calc_limits = Limits(max_turns=8, max_tokens=640, max_turn_tokens=96), Limits(max_tokens=192, max_turn_tokens=64)
     jobs = {
         "hotel: KV reuse": {
             "cached": lambda: rollout(hotel, HotelEnv(), HFBackend, hotel_limits, 8),
             "prefill every turn": lambda: rollout(hotel, HotelEnv(), ForgetEveryTurn, hotel_limits, 8),
+            f"previous ({PREVIOUS})": lambda: rollout(hotel, HotelEnv(), previous, hotel_limits, 8),
         },
         "calc: KV reuse": {
             "cached": lambda: rollout(calc, CalcEnv(), HFBackend, calc_limits, 12),
             "prefill every turn": lambda: rollout(calc, CalcEnv(), ForgetEveryTurn, calc_limits, 12),
+            f"previous ({PREVIOUS})": lambda: rollout(calc, CalcEnv(), previous, calc_limits, 12),
         },
         "calc, 100 ms tool: concurrency": {
             "tool_workers 8": lambda: rollout(calc, WaitingCalcEnv(), HFBackend, calc_limits, 12, workers=8),
@@ -133,12 +162,12 @@ def main() -> None:
                                "repeats": args.repeats, "results": results}, indent=2) + "\n")
     for result in results:
         variants = [k for k in result if k not in ("setting", "identical_samples")]
-        a, b = (result[v] for v in variants)
+        first = result[variants[0]]
         print(f"{result['setting']}: identical samples {result['identical_samples']}")
         for variant in variants:
             r = result[variant]
-            print(f"  {variant:20s} {r['seconds']:7.2f} s  prefill {r['prefill_tokens']:7.0f}  decode {r['decode_tokens']:7.0f}")
-        print(f"  speed-up {b['seconds'] / a['seconds']:.2f}x")
+            print(f"  {variant:22s} {r['seconds']:7.2f} s ({r['seconds'] / first['seconds']:.2f}x)  "
+                  f"prefill {r['prefill_tokens']:7.0f}  decode {r['decode_tokens']:7.0f}")
     print(f"wrote {OUT}")
 
 

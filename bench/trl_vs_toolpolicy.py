@@ -53,8 +53,10 @@ Where the work is not identical (logged per step so it can be seen):
   appended, masked, before the episode is cut), so toolpolicy's sequences are a little longer;
 - TRL's reward has calc's correctness and excess-call terms but not the -0.2 per malformed
   call, which it cannot see; the reward changes advantages, not the amount of work;
-- toolpolicy sorts a step's episodes by length into micro-batches (less padding); TRL
-  shuffles them. That is a difference of the implementations, which is what is measured.
+- toolpolicy puts a step's episodes into micro-batches group by group (each prompt runs
+  once, its responses attending to it) and by length within a group; TRL shuffles them
+  and runs every prompt with every sample. That is a difference of the implementations,
+  which is what is measured.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_vs_toolpolicy.py [--steps 3] [--warmup 1] [--repeats 3]
         [--threads 1] [--settings single_turn,multi_turn] [--toolpolicy-set backend=vllm]

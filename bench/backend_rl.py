@@ -1,0 +1,87 @@
+"""The same RL job sampled by the hf backend and by vLLM: learning curves and seconds per step.
+
+Runs `toolpolicy train` from a shipped SFT checkpoint once per backend (each in its own
+process, one after the other, same seed, threads and steps), then reads each run's
+metrics.jsonl: reward and accuracy per step, the sampler/trainer mismatch, and seconds
+per step (median after the first step, which includes vLLM's start). The two runs draw
+different samples (vLLM has its own generator), so their curves agree within noise, not
+exactly.
+
+    .venv/bin/python bench/backend_rl.py [--env calc|hotel] [--steps 30] [--threads 2]
+
+Writes bench/results/backend_rl_<env>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+JOBS = {
+    "calc": (ROOT / "src" / "toolpolicy" / "configs" / "demo.yaml", ROOT / "checkpoints" / "calc-sft"),
+    "hotel": (ROOT / "src" / "toolpolicy" / "configs" / "hotel.yaml", ROOT / "checkpoints" / "hotel-sft"),
+}
+
+
+def run(env: str, backend: str, steps: int, threads: int, work: Path) -> dict:
+    config, checkpoint = JOBS[env]
+    run_dir = work / f"{env}-{backend}"
+    overrides = {
+        "run_dir": run_dir, "init_from": checkpoint, "backend": backend, "rl_steps": steps, "threads": threads,
+        "vllm_threads": threads, "checkpoint_every": 10_000, "audit": False,
+    }
+    command = [sys.executable, "-m", "toolpolicy", "train", str(config)]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    began = time.perf_counter()
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    wall = time.perf_counter() - began
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["phase"] == "rl"]
+    return {
+        "wall_seconds": wall,
+        "seconds_per_step": statistics.median(r["time/step"] for r in rl[1:]),
+        "first_step_seconds": rl[0]["time/step"],
+        "reward": [r.get("reward") for r in rl],
+        "accuracy": [r.get("accuracy") for r in rl],
+        "mismatch_abs_max": max(r.get("mismatch/abs_max", 0.0) for r in rl),
+        "mismatch_kl_mean": statistics.mean(r.get("mismatch/kl", 0.0) for r in rl),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", choices=sorted(JOBS), default="calc")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work", default="/tmp/bench-backend-rl")
+    args = parser.parse_args()
+    results = {backend: run(args.env, backend, args.steps, args.threads, Path(args.work)) for backend in ("hf", "vllm")}
+    half = args.steps // 2
+    summary = {
+        backend: {
+            "seconds_per_step": r["seconds_per_step"],
+            "reward_first_half": statistics.mean(x for x in r["reward"][:half] if x is not None),
+            "reward_second_half": statistics.mean(x for x in r["reward"][half:] if x is not None),
+            "accuracy_second_half": statistics.mean(x for x in r["accuracy"][half:] if x is not None),
+        }
+        for backend, r in results.items()
+    }
+    out = ROOT / "bench" / "results" / f"backend_rl_{args.env}.json"
+    out.write_text(json.dumps({"env": args.env, "steps": args.steps, "threads": args.threads, "summary": summary,
+                               "runs": results}, indent=2) + "\n")
+    for backend, s in summary.items():
+        print(f"{backend:5s} {s['seconds_per_step']:6.2f} s/step  reward {s['reward_first_half']:.3f} -> "
+              f"{s['reward_second_half']:.3f}  accuracy (2nd half) {s['accuracy_second_half']:.3f}")
+    print(f"vllm/hf s/step: {summary['vllm']['seconds_per_step'] / summary['hf']['seconds_per_step']:.2f}; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
