@@ -142,3 +142,15 @@ def test_audit_log_spans_every_phase_of_a_run(tmp_path: Path):
     executed = sum(round(json.loads((run_dir / "eval" / f"{n}.json").read_text())["tool_calls_per_episode"] * 16) for n in ("first", "second"))
     assert executed > 0 and sum(r["decision"] == "allow" for r in records) == executed
     assert all(r["rule_ids"][0].startswith("gate:") for r in records if r["decision"] != "allow")
+
+
+def test_a_refused_resume_leaves_the_runs_config_as_it_was(tmp_path: Path, capsys):
+    """Resuming with an override that makes the config unusable is an error before anything
+    is written: the run folder's config, the record of how the run started, is kept."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = yaml.safe_dump({**yaml.safe_load(SMOKE.read_text()), "init_from": "checkpoints/calc-sft", "run_dir": str(run_dir)})
+    (run_dir / "config.yaml").write_text(saved)
+    assert main(["train", "--resume", str(run_dir), "--set", "init_from="]) == 2
+    assert "init_from is empty" in capsys.readouterr().err
+    assert (run_dir / "config.yaml").read_text() == saved

@@ -90,3 +90,24 @@ def test_the_calc_sampler_is_unchanged_by_the_cache() -> None:
         engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend_of(policy, kind), Limits())
         runs.append([t.token_ids for t in engine.run(tasks)])
     assert runs[0] == runs[1]
+
+
+def test_an_episode_stream_samples_the_same_tokens_in_any_batch(hotel_policy: PolicyModel) -> None:
+    """With a seed per episode, an episode's multi-turn hotel rollout is the same whether it
+    runs alone, with others, or at another position in the batch (what lets torchrun ranks
+    split a step's episodes); the seeds themselves still matter."""
+    env = HotelEnv()
+    tasks = env.tasks("train", 3, seed=11)
+
+    def run(picked: list[int], seeds: list[int]):
+        engine = RolloutEngine(
+            env, hotel_policy.chat, hotel_policy.encode, hotel_policy.decode, backend_of(hotel_policy),
+            Limits(max_turns=8, max_tokens=640),
+        )
+        return [t.token_ids for t in engine.run([tasks[i] for i in picked], seeds=seeds)]
+
+    together = run([0, 1, 2, 2], [7, 8, 9, 10])
+    assert run([2], [9]) == [together[2]]
+    assert run([2, 1], [10, 8]) == [together[3], together[1]]
+    assert together[2] != together[3], "two seeds of one task should sample differently"
+    assert max(len(ids) for ids in together) > 300, "episodes of several turns"

@@ -54,16 +54,16 @@ def policy_path(cfg: Config, env: Env) -> str:
     return cfg.policy or str(getattr(env, "policy_file", ""))
 
 
-def build_gate(cfg: Config, env: Env, enforce: bool = True) -> Gate | None:
+def build_gate(cfg: Config, env: Env, enforce: bool = True, audit_file: str = "audit.jsonl") -> Gate | None:
     """The gate of `cfg.policy`, or of the environment's own policy file (`env.policy_file`,
-    e.g. hotel's), or allow-all; logging to RUN_DIR/audit.jsonl if `cfg.audit`. None when
+    e.g. hotel's), or allow-all; logging to RUN_DIR/`audit_file` if `cfg.audit`. None when
     there is neither a policy nor an audit log, for the engine's own allow-all gate.
     enforce=False is shadow mode: violations are counted, not prevented."""
     path = policy_path(cfg, env)
     if not path and not cfg.audit:
         return None
     policy = Policy.load(path) if path else allow_all_policy()
-    audit = AuditLog(Path(cfg.run_dir) / "audit.jsonl", durable=False) if cfg.audit else None
+    audit = AuditLog(Path(cfg.run_dir) / audit_file, durable=False) if cfg.audit else None
     return Gate(policy, env.tools, audit=audit, enforce=enforce)
 
 
@@ -139,11 +139,13 @@ def build_backend(cfg: Config, policy: PolicyModel, generator: torch.Generator, 
 
 
 def build_engine(
-    cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float, enforce: bool = True
+    cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float, enforce: bool = True,
+    audit_file: str = "audit.jsonl",
 ) -> RolloutEngine:
     """The rollout engine of `cfg.env` sampling from `policy` at `temperature` (RL's
-    `temperature` or evaluation's `eval_temperature`), through the config's gate and backend."""
+    `temperature` or evaluation's `eval_temperature`), through the config's gate and backend
+    (its audit log RUN_DIR/`audit_file`: one per process)."""
     env = build_env(cfg)
     backend = build_backend(cfg, policy, generator, temperature)
-    gate = build_gate(cfg, env, enforce)
+    gate = build_gate(cfg, env, enforce, audit_file)
     return RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, episode_limits(cfg), gate, cfg.tool_workers)

@@ -292,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             print(train_sft(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
         elif args.command == "train":
             from toolpolicy.build import prepare_run_dir
-            from toolpolicy.trainer.rl import train_rl
+            from toolpolicy.trainer.rl import require_init_from, train_rl
 
-            cfg = _resolve(args)
+            cfg = require_init_from(_resolve(args))  # before the run folder's config is written
             print(train_rl(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
         elif args.command == "eval":
             return _evaluate(args)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from toolpolicy.types import EventKind
 
@@ -108,6 +108,20 @@ class Config(BaseModel):
     engine loaded from the policy's checkpoint folder, to which RL pushes the weights after each
     step; installed by `make setup`). vllm draws from its own seeded generator, so a resumed run
     does not replay the samples of an uninterrupted one."""
+    sampling_streams: Literal["batch", "episode"] = "batch"
+    """RL rollouts' random numbers: batch draws every episode's tokens from one generator in
+    request order (the published figures); episode gives each episode its own stream, seeded
+    from (seed, step, refill round, episode), so its samples do not depend on how the step's
+    episodes are split across processes. torchrun with more than one process needs episode;
+    hf only (a vLLM request seed is not used)."""
+    ray_rollout_workers: int = Field(0, ge=0)
+    """RL rollouts on this many Ray actors, each with its own copy of the policy, backend,
+    environment, gate and audit log (RUN_DIR/audit.workerN.jsonl), fed the weights after
+    every step; 0 rolls out in the trainer's process. Needs sampling_streams: episode and
+    the `ray` extra (installed by `make setup`)."""
+    ray_address: str = "local"
+    """The Ray cluster of ray_rollout_workers: "local" starts one for the run, or the address
+    of a running one (`ray start --head` prints it, e.g. 127.0.0.1:6379)."""
     vllm_kv_cache_gib: float = Field(1.0, gt=0)
     """backend=vllm: memory reserved for the paged KV cache, in GiB."""
     vllm_block_size: int = Field(32, ge=32)
@@ -269,6 +283,17 @@ class Config(BaseModel):
             raise ValueError(f"device {value!r} is not one of auto, cpu, cuda, cuda:N, mps")
         return value
 
+    @model_validator(mode="after")
+    def _sampling_streams_fit(self) -> Config:
+        if self.sampling_streams == "episode" and self.backend != "hf":
+            raise ValueError(f"sampling_streams: episode needs backend hf (got {self.backend}): vLLM does not take a seed per request")
+        if self.ray_rollout_workers and (self.sampling_streams != "episode" or self.lora_rank):
+            raise ValueError(
+                "ray_rollout_workers needs sampling_streams: episode (each worker samples its share of the step's "
+                "episodes) and no lora_rank (workers take whole weights)"
+            )
+        return self
+
     @field_validator("vllm_block_size")
     @classmethod
     def _whole_block(cls, value: int) -> int:
@@ -307,9 +332,11 @@ class Config(BaseModel):
 def _format_errors(error: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid config"]
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        field = ".".join(str(part) for part in item["loc"])
         if item["type"] == "extra_forbidden":
             lines.append(f"  field '{field}': unknown field (see `toolpolicy config` for the list)")
+        elif not field:  # a rule across fields: its message names them
+            lines.append(f"  {item['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  field '{field}': {item['msg']} (got {item.get('input')!r})")
     return "\n".join(lines)

@@ -28,6 +28,10 @@ class GenRequest:
     key: int
     ids: list[int]
     max_new_tokens: int
+    seed: int | None = None
+    """Seed of the episode's own random stream, which its later turns continue; None: draws
+    come from the backend's generator for the whole batch. With its own stream an episode's
+    samples do not depend on which other episodes share its batch or process."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,8 @@ class HFBackend:
     Log-probabilities are those of the distribution actually sampled from
     (logits / temperature), which is what the trainer recomputes. `counts` tallies the
     token positions run through the model: prefill (prompts and appended tokens) and
-    decode (one per live row per sampling step, also for rows already stopped).
+    decode (one per row of the decode batch per sampling step; a stopped row stays in
+    that batch, and is counted, until a quarter of the batch has stopped).
     """
 
     def __init__(
@@ -94,10 +99,20 @@ class HFBackend:
         self.counts: Counter[str] = Counter()
         self._forward = _forward_of(model)
         self._rows: list[RowCache] = []
+        self._streams: dict[int, torch.Generator] = {}
 
     def forget(self) -> None:
-        """Drop every cached row (call after the weights changed, or when a batch of episodes ended)."""
+        """Drop every cached row and episode stream (call after the weights changed, or when a
+        batch of episodes ended)."""
         self._rows = []
+        self._streams = {}
+
+    def _stream(self, request: GenRequest) -> torch.Generator:
+        """The episode's generator: seeded on its first turn, continued on the next ones."""
+        stream = self._streams.get(request.key)
+        if stream is None:
+            stream = self._streams[request.key] = torch.Generator().manual_seed(request.seed)
+        return stream
 
     def sync(self, model: torch.nn.Module) -> None:
         """Nothing to push: this backend samples from the trainer's own model. The cached rows
@@ -140,15 +155,23 @@ class HFBackend:
         self._rows = pieces
         return [out[i] for i in range(len(requests))]
 
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token per row and its log-probability under the sampling distribution."""
+    def _sample(self, logits: torch.Tensor, streams: list[torch.Generator] | None, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row and its log-probability under the sampling distribution.
+        With per-episode `streams`, only the `live` rows [B] draw (one uniform each), so an
+        episode's stream advances by exactly the tokens it sampled."""
         if self.temperature <= 0:  # greedy; logprob reported at temperature 1
             logp = torch.log_softmax(logits, dim=-1)  # [B, V]
             token = logits.argmax(dim=-1)  # [B]
-        else:
+        elif streams is None:
             logp = torch.log_softmax(logits / self.temperature, dim=-1)  # [B, V]
             # Drawn on the CPU generator on every device, so a seed gives the same run anywhere.
             token = torch.multinomial(logp.exp().cpu(), 1, generator=self.generator).squeeze(-1).to(logits.device)  # [B]
+        else:
+            logp = torch.log_softmax(logits / self.temperature, dim=-1)  # [B, V]
+            uniform = torch.zeros(len(streams))  # [B]
+            for row in torch.nonzero(live).flatten().tolist():
+                uniform[row] = torch.rand((), generator=streams[row])
+            token = inverse_cdf_sample(logp.exp().cpu(), uniform).to(logits.device)  # [B]
         return token, logp.gather(-1, token[:, None]).squeeze(-1)
 
     def _decode(self, rows: RowCache, requests: list[GenRequest], pieces: list[RowCache]) -> list[Generation]:
@@ -169,8 +192,9 @@ class HFBackend:
         live = list(range(batch))  # the request of each row of `rows`
         parked: list[tuple[RowCache, list[int]]] = []
         tokens, logprobs = [], []
+        streams = [self._stream(r) for r in requests] if all(r.seed is not None for r in requests) else None
         for step in range(int(budget.max())):
-            token, logp = self._sample(logits)
+            token, logp = self._sample(logits, streams, ~done)
             tokens.append(token)
             logprobs.append(logp)
             hit_stop = torch.isin(token, stop_ids) & ~done
@@ -260,3 +284,11 @@ class ScriptedBackend:
             ids = ids[: request.max_new_tokens]
             out.append(Generation(ids, [0.0] * len(ids), finished))
         return out
+
+
+def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The token each row's uniform draw falls on in its cumulative distribution: an exact
+    sample of `probs` [B, V] from one number in [0, 1) per row [B]."""
+    cdf = probs.cumsum(-1)  # [B, V]
+    target = uniform[:, None] * cdf[:, -1:]  # [B, 1], scaled to the row's total against rounding
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)  # [B]

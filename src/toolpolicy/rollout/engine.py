@@ -236,15 +236,21 @@ class RolloutEngine(GatedLoop):
         ids = self.encode(self.template.render_prompt(messages, self.env.tools.specs()))
         return Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), Episode(task, list(messages)))
 
-    def run(self, tasks: list[Task], progress: str | None = None) -> list[Trajectory]:
-        """One episode per task (repeat a task in `tasks` to sample a group)."""
+    def run(self, tasks: list[Task], progress: str | None = None, seeds: list[int] | list[None] | None = None) -> list[Trajectory]:
+        """One episode per task (repeat a task in `tasks` to sample a group). With `seeds`,
+        episode i samples from its own stream seeded with seeds[i], so its tokens do not
+        depend on the other episodes of the batch (backends that support it: hf)."""
         trajectories = [self.start(task) for task in tasks]
         ledgers = [Ledger() for _ in tasks]
+        seeds = seeds if seeds is not None else [None] * len(tasks)
 
         def take_turn(sessions: list[Session], live: list[int], turn: int) -> list[bool]:
             budget = self.limits
             requests = [
-                GenRequest(i, trajectories[i].token_ids, min(budget.max_turn_tokens, budget.max_tokens - trajectories[i].response_len))
+                GenRequest(
+                    i, trajectories[i].token_ids, min(budget.max_turn_tokens, budget.max_tokens - trajectories[i].response_len),
+                    seeds[i],
+                )
                 for i in live
             ]
             generations = self.backend.generate(requests)

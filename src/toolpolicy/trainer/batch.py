@@ -10,7 +10,7 @@ import torch
 
 from toolpolicy.algorithms import entropy_from_logits, token_logprobs
 from toolpolicy.rollout import Trajectory
-from toolpolicy.rollout.kv_cache import cache_argument
+from toolpolicy.rollout.kv_cache import cache_argument, left_padded
 
 
 class TokenBatch(NamedTuple):
@@ -116,13 +116,7 @@ def shared_prompt_logprobs(
         [distinct.setdefault(tuple(batch.input_ids[b, : int(prompt_lens[b])].tolist()), len(distinct)) for b in range(rows)],
         device=device,
     )  # [B] -> distinct prompt
-    width = int(max(len(p) for p in distinct))
-    prompt_ids = torch.zeros((len(distinct), width), dtype=torch.long, device=device)  # [U, P], left-padded
-    prompt_attention = torch.zeros_like(prompt_ids)  # [U, P]
-    for row, prompt in enumerate(distinct):
-        prompt_ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
-        prompt_attention[row, width - len(prompt) :] = 1
-    positions = (prompt_attention.cumsum(-1) - 1).clamp(min=0)
+    prompt_ids, prompt_attention, positions = left_padded([list(p) for p in distinct], 0, device)  # [U, P] each
     cache_name = cache_argument(model)
     shared = model(input_ids=prompt_ids, attention_mask=prompt_attention, position_ids=positions, use_cache=True)
     cache = getattr(shared, cache_name)

@@ -86,9 +86,11 @@ def save_checkpoint(
     sampler: torch.Generator | None,
     keep: int,
     audit_seq: int | None = None,
+    audit_seqs: list[int | None] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically; keep the newest `keep`. `audit_seq`: the last record
-    of the run's audit log, so a resumed run can cut the decisions it will replay."""
+    of the run's audit log, so a resumed run can cut the decisions it will replay;
+    `audit_seqs`: that of every process's log, by rank, when several trained."""
     final = phase_dir / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -98,6 +100,7 @@ def save_checkpoint(
     state = {
         "step": step,
         "audit_seq": audit_seq,
+        "audit_seqs": audit_seqs,
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": {
@@ -130,6 +133,14 @@ class Restored(NamedTuple):
     step: int
     audit_seq: int | None
     """The audit log's last record when the checkpoint was taken (None: no log)."""
+    audit_seqs: list[int | None] | None = None
+    """Each rank's, when the run had several processes."""
+
+    def audit_seq_of(self, rank: int) -> int | None:
+        """The last record of `rank`'s audit log at the checkpoint."""
+        if rank == 0 or self.audit_seqs is None:
+            return self.audit_seq if rank == 0 else None
+        return self.audit_seqs[rank] if rank < len(self.audit_seqs) else None
 
 
 def restore_state(
@@ -143,7 +154,7 @@ def restore_state(
     torch.set_rng_state(state["rng"]["torch"])
     if sampler is not None and state["rng"]["sampler"] is not None:
         sampler.set_state(state["rng"]["sampler"])
-    return Restored(int(state["step"]), state.get("audit_seq"))
+    return Restored(int(state["step"]), state.get("audit_seq"), state.get("audit_seqs"))
 
 
 class MetricsLog:

@@ -25,6 +25,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -32,13 +33,12 @@ from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import Algorithm, first_groups
 from toolpolicy.algorithms.correction import Correction, mismatch_sums
-from toolpolicy.build import build_engine, build_rubric, load_policy_model, trainable_policy
+from toolpolicy.build import build_rubric, load_policy_model, trainable_policy
 from toolpolicy.config import Config, ConfigError
-from toolpolicy.gate import rewind
 from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
-from toolpolicy.rollout import RolloutEngine, Trajectory
+from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, Restored, latest_checkpoint, restore_state, save_checkpoint, save_final
 from toolpolicy.trainer.credit import (
@@ -51,9 +51,10 @@ from toolpolicy.trainer.credit import (
     reward_matrix,
     update_mask,
 )
+from toolpolicy.trainer.distributed import World
+from toolpolicy.trainer.rollouts import LocalRollouts, RayRollouts, Rollouts, open_engine
 
 REFILL_SEED_STRIDE = 100_000_007  # refill rounds draw tasks far from every step's own seed
-AUDIT_START = "audit_start_seq"  # RUN_DIR/rl/: the audit log's last record before RL's first step
 
 
 class TrainingStalled(Exception):
@@ -63,6 +64,12 @@ class TrainingStalled(Exception):
 def train_seed(seed: int, step: int, refill: int = 0) -> int:
     """Seed of the training tasks of `step` (and of its refill round); evaluation uses its own split and seed."""
     return seed * 1_000_003 + step + refill * REFILL_SEED_STRIDE
+
+
+def episode_seed(seed: int, step: int, refill: int, episode: int) -> int:
+    """Seed of one episode's sampling stream (`sampling_streams: episode`): episode i of the
+    step's refill round, counted over the whole step, whichever process runs it."""
+    return (train_seed(seed, step, refill) * 1_000_003 + episode) % 2**63
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class Sampling:
     """Keep only groups that carry a signal, drawing more tasks while too few do."""
     refill_rounds: int
     seed: int
+    episode_streams: bool = False
+    """Each episode samples from its own stream (episode_seed), not the batch's generator."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ class StepRollouts:
     refill_rounds: int
 
 
-def sample_groups(engine: RolloutEngine, rubric: Rubric, credit: Credit, sampling: Sampling, step: int) -> StepRollouts:
+def sample_groups(rollouts: Rollouts, rubric: Rubric, credit: Credit, sampling: Sampling, step: int) -> StepRollouts:
     """Roll out group_size episodes per task and score them. With dynamic sampling, draw
     more tasks while fewer than `sampling.prompts` groups carry a signal for the credit
     (DAPO's refill, at most `refill_rounds` rounds), then keep the first of those."""
@@ -105,10 +114,12 @@ def sample_groups(engine: RolloutEngine, rubric: Rubric, credit: Credit, samplin
     trajectories: list[Trajectory] = []
     scores: list[Score] = []
     for refill in range(sampling.refill_rounds + 1):
-        tasks = engine.env.tasks("train", sampling.prompts, seed=train_seed(sampling.seed, step, refill))
-        batch = engine.run([task for task in tasks for _ in range(size)])
-        trajectories += batch
-        scores += [rubric.score(t.episode) for t in batch]
+        tasks = rollouts.env.tasks("train", sampling.prompts, seed=train_seed(sampling.seed, step, refill))
+        episodes = [task for task in tasks for _ in range(size)]
+        seeds = [episode_seed(sampling.seed, step, refill, i) for i in range(len(episodes))] if sampling.episode_streams else None
+        scored = rollouts.run(episodes, seeds, size)
+        trajectories += [t for t, _ in scored]
+        scores += [score for _, score in scored]
         usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
         rewards, weights = reward_matrix(rubric, scores, usable, size)  # [B, C], [C]
         signal = credit.signal(trajectories, rewards, weights, size)  # [G]
@@ -118,27 +129,45 @@ def sample_groups(engine: RolloutEngine, rubric: Rubric, credit: Credit, samplin
     return StepRollouts(trajectories, scores, rewards, weights, usable, signal, groups, refill)
 
 
+UPDATE_SUMS = (
+    "loss", "entropy", "clip_frac", "ratio", "kl", "mismatch/abs", "mismatch/kl", "mismatch/truncated", "tokens/update",
+    "tokens/reference",
+)
+UPDATE_MAXIMA = ("ratio_max", "mismatch/abs_max")
+
+
+class Totals(NamedTuple):
+    """What the loss is normalised by: the whole step's trained tokens and sequences (all ranks')."""
+
+    tokens: float
+    sequences: float
+
+
 def policy_update(
     model: torch.nn.Module,
     reference: torch.nn.Module | None,
-    batch: TokenBatch,
+    batch: TokenBatch | None,
     advantages: Tensor,
     algorithm: Algorithm,
     correction: Correction,
     recompute: Recompute,
     temperature: float,
     micro_batch_size: int,
+    totals: Totals | None = None,
 ) -> dict[str, float]:
-    """Accumulate the objective's gradient over micro-batches. Returns detached stats.
+    """Accumulate the objective's gradient over micro-batches. Returns detached sums (UPDATE_SUMS,
+    each token sum not yet divided) and maxima (UPDATE_MAXIMA); `update_metrics` finishes them.
 
     advantages: [B] per episode, or [B, L-1] per token (turn credit), cut to each piece's width.
+    totals: the whole step's, when `batch` is this rank's share of it (default: the batch's own).
+    batch None: this rank has no episode to train this step (zero sums, no gradient).
     Log-probabilities are recomputed as `recompute` says (each distinct prompt once, unless
     gradient checkpointing is on) at the rollout's sampling `temperature`; their gap to
     the sampler's is measured (`mismatch/*`) and, with TIS, corrected."""
-    total_tokens = float(batch.loss_mask.sum())
-    total_sequences = float(batch.input_ids.shape[0])
-    sums: dict[str, float] = defaultdict(float)
-    ratio_max = mismatch_max = 0.0
+    sums = dict.fromkeys(UPDATE_SUMS + UPDATE_MAXIMA, 0.0)
+    if batch is None:
+        return sums
+    total_tokens, total_sequences = totals or Totals(float(batch.loss_mask.sum()), float(batch.input_ids.shape[0]))
     device = device_of(model)
     for rows, piece in micro_batches(batch, micro_batch_size):
         piece = piece.to(device)
@@ -163,14 +192,20 @@ def policy_update(
         sums["kl"] += stats.get("kl_sum", 0.0)
         for key in ("abs", "kl", "truncated"):
             sums[f"mismatch/{key}"] += mismatch[key]
-        sums["tokens/update"] += recompute.tokens(piece)  # forward and backward of the policy
-        sums["tokens/reference"] += recompute.tokens(piece) if reference is not None else 0
-        ratio_max = max(ratio_max, stats["ratio_max"])
-        mismatch_max = max(mismatch_max, mismatch["abs_max"])
-    out = {"loss": sums["loss"], "ratio_max": ratio_max, "mismatch/abs_max": mismatch_max}
-    out.update({key: sums[key] for key in ("tokens/update", "tokens/reference")})
+        tokens = recompute.tokens(piece)
+        sums["tokens/update"] += tokens  # forward and backward of the policy
+        sums["tokens/reference"] += tokens if reference is not None else 0
+        sums["ratio_max"] = max(sums["ratio_max"], stats["ratio_max"])
+        sums["mismatch/abs_max"] = max(sums["mismatch/abs_max"], mismatch["abs_max"])
+    return sums
+
+
+def update_metrics(sums: dict[str, float], total_tokens: float, with_reference: bool) -> dict[str, float]:
+    """The step's update metrics from `policy_update`'s sums: loss and token counts as they
+    are, maxima, and per-token means (kl only when a reference model ran)."""
+    out = {key: sums[key] for key in ("loss", "tokens/update", "tokens/reference") + UPDATE_MAXIMA}
     means = ("entropy", "clip_frac", "ratio", "mismatch/abs", "mismatch/kl", "mismatch/truncated")
-    for key in means + (("kl",) if reference is not None else ()):
+    for key in means + (("kl",) if with_reference else ()):
         out[key] = sums[key] / max(total_tokens, 1.0)
     return out
 
@@ -226,18 +261,34 @@ def algorithm_of(cfg: Config) -> tuple[Algorithm, Credit, tuple[EpisodeFilter, .
     return algorithm, credit, filters
 
 
-def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
-    """Run RL from `cfg.init_from` and return the folder of the final model (RUN_DIR/rl/final)."""
+def require_init_from(cfg: Config) -> Config:
+    """`cfg`, if it names the checkpoint RL starts from."""
     if not cfg.init_from:
         raise ConfigError("init_from is empty: set it to the checkpoint RL starts from (for example RUN_DIR/sft/final)")
-    algorithm, credit, filters = algorithm_of(cfg)
+    return cfg
+
+
+def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
+    """Run RL from `cfg.init_from` and return the folder of the final model (RUN_DIR/rl/final)."""
+    algorithm, credit, filters = algorithm_of(require_init_from(cfg))
+    processes = World.requested()
+    if processes > 1 and (cfg.sampling_streams != "episode" or cfg.ray_rollout_workers or cfg.lora_rank):
+        raise ConfigError(
+            f"{processes} processes need sampling_streams: episode (else each would draw its episodes from its own "
+            "generator, so the run would depend on the process count), no ray_rollout_workers and no lora_rank"
+        )
     correction = correction_of(cfg)
     recompute = FULL_SEQUENCES if cfg.gradient_checkpointing else SHARED_PROMPTS  # no KV cache to share then
-    sampling = Sampling(cfg.prompts_per_step, cfg.group_size, cfg.dynamic_sampling, cfg.max_refill_rounds, cfg.seed)
+    sampling = Sampling(
+        cfg.prompts_per_step, cfg.group_size, cfg.dynamic_sampling, cfg.max_refill_rounds, cfg.seed,
+        episode_streams=cfg.sampling_streams == "episode",
+    )
     phase_dir = run_dir / "rl"
     checkpoint = latest_checkpoint(phase_dir) if resume else None
     policy = trainable_policy(cfg, checkpoint or cfg.init_from, phase_dir, resuming=checkpoint is not None)
     model = policy.model
+    world = World.from_environment(device_of(model))
+    world.broadcast_parameters(model)
     reference = None
     if cfg.beta > 0 or cfg.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from
         reference = model if cfg.lora_rank else load_policy_model(cfg, cfg.init_from).model.eval()
@@ -247,29 +298,28 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     sampler = torch.Generator().manual_seed(cfg.seed)
     restored = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else Restored(0, None)
-    start, audit_seq = restored.step, restored.audit_seq
-    audit_start = phase_dir / AUDIT_START
-    if audit_seq is None and resume and audit_start.exists():  # no checkpoint yet: cut back to RL's start
-        audit_seq = int(audit_start.read_text())
-    if cfg.audit and audit_seq is not None:  # the steps after it are about to be taken again
-        rewind(run_dir / "audit.jsonl", audit_seq)
-    engine = build_engine(cfg, policy, sampler, cfg.temperature)
-    audit = engine.gate.audit
-    if audit is not None and not resume:
-        phase_dir.mkdir(parents=True, exist_ok=True)
-        audit_start.write_text(str(audit.last_seq))
-    rubric = build_rubric(cfg, engine.env.default_rewards)
-    success = REWARD_FUNCTIONS[engine.env.success_reward]
+    start = restored.step
+    pool: Rollouts  # where the episodes are sampled
+    if cfg.ray_rollout_workers:
+        pool = RayRollouts(cfg, str(checkpoint or cfg.init_from), run_dir, restored.audit_seqs, resume)
+    else:
+        name = "" if world.main else f"rank{world.rank}"
+        engine = open_engine(cfg, policy, sampler, run_dir, name, restored.audit_seq_of(world.rank), resume)
+        pool = LocalRollouts(engine, build_rubric(cfg, engine.env.default_rewards), world)
+    rubric = build_rubric(cfg, pool.env.default_rewards)
+    success = REWARD_FUNCTIONS[pool.env.success_reward]
     log = MetricsLog(run_dir / "metrics.jsonl")
-    log.rewind("rl", start)
+    if world.main:
+        log.rewind("rl", start)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 
-    with engine:  # closes the gate's audit log, if any, when RL ends
-        for step in tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps):
+    try:
+        steps = tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps, disable=not world.main)
+        for step in steps:
             began = time.perf_counter()
-            counted = Counter(engine.backend.counts)
+            counted = pool.counts()
             # 1. Rollout: group_size episodes per task, contiguous, scored; refilled if too few groups carry a signal.
-            rollouts = sample_groups(engine, rubric, credit, sampling, step)
+            rollouts = sample_groups(pool, rubric, credit, sampling, step)
             trajectories = rollouts.trajectories
             rollout_time = time.perf_counter() - began
 
@@ -285,14 +335,17 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             update: dict[str, float] = {}
             grad_norm = 0.0
             if order:
-                chosen = collate([trajectories[i] for i in order], policy.pad_id)
-                update = policy_update(
-                    model, reference, chosen, advantages[order], algorithm, correction, recompute, cfg.temperature,
-                    cfg.micro_batch_size,
+                totals = Totals(float(sum(trajectories[i].sampled_tokens for i in order)), float(len(order)))
+                mine = rank_share(order, cfg.group_size, world)  # every kept episode, when one process trains
+                sums = policy_update(
+                    model, reference, collate([trajectories[i] for i in mine], policy.pad_id) if mine else None,
+                    advantages[mine], algorithm, correction, recompute, cfg.temperature, cfg.micro_batch_size, totals,
                 )
+                world.sum_gradients(trainable)
+                update = update_metrics(world.reduce_stats(sums, UPDATE_MAXIMA), totals.tokens, reference is not None)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
                 optimizer.step()
-                engine.backend.sync(model)  # a sampler with its own copy of the weights gets the new ones
+                pool.sync(model)  # a sampler with its own copy of the weights gets the new ones
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
 
@@ -303,14 +356,18 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record["trained_episodes"] = len(order)
             record.update({"refill_rounds": rollouts.refill_rounds, "grad_norm": grad_norm, "lr": lr})
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
-            record.update({f"tokens/{kind}": n for kind, n in (Counter(engine.backend.counts) - counted).items()})
+            record.update({f"tokens/{kind}": n for kind, n in (pool.counts() - counted).items()})
             record.update(memory_metrics(model, optimizer))
-            log.write(record)
+            if world.main:
+                log.write(record)
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:
-                save_checkpoint(
-                    phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, sampler, cfg.keep_checkpoints,
-                    audit_seq=audit.last_seq if audit is not None else None,
-                )
+                audit_seqs = pool.audit_seqs()
+                if world.main:
+                    save_checkpoint(
+                        phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, sampler, cfg.keep_checkpoints,
+                        audit_seq=audit_seqs[0], audit_seqs=audit_seqs,
+                    )
+                world.barrier()  # no rank runs ahead of a checkpoint it may resume from
 
             # 5. Stop a run that has nothing to learn from: every group's episodes scored alike, step after step.
             idle_steps = 0 if signal_groups else idle_steps + 1
@@ -321,5 +378,18 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                     "an SFT checkpoint (`toolpolicy sft`, then set init_from to RUN_DIR/sft/final) or raise temperature "
                     f"(now {cfg.temperature}); max_idle_steps=0 turns this stop off"
                 )
+    finally:
+        pool.close()  # the audit logs, and Ray's workers
 
-    return save_final(phase_dir, model, policy.tokenizer)
+    final = save_final(phase_dir, model, policy.tokenizer) if world.main else phase_dir / "final"
+    world.barrier()
+    world.close()
+    return final
+
+
+def rank_share(order: list[int], group_size: int, world: World) -> list[int]:
+    """The episodes of `order` (kept, group by group) that this rank trains: its contiguous
+    share of the kept groups, so a micro-batch still runs each prompt once."""
+    groups = list(dict.fromkeys(i // group_size for i in order))
+    mine = set(groups[i] for i in world.share(len(groups)))
+    return [i for i in order if i // group_size in mine]

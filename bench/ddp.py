@@ -1,0 +1,88 @@
+"""One RL job in one process and across two torchrun processes: seconds per step, same result.
+
+Runs `toolpolicy train` from a shipped SFT checkpoint three ways, one after the other, with
+episode sampling streams (so every run samples the same episodes): one process with all
+the machine's threads, one process with one thread, and `torchrun --nproc-per-node 2`
+with one thread each. Reads each run's metrics.jsonl: seconds per step (median after the
+first) split into rollout and update, and whether the rewards agree step for step.
+
+    .venv/bin/python bench/ddp.py [--env calc|hotel] [--steps 8] [--threads 2]
+
+Writes bench/results/ddp_<env>.json. On a machine with two cores the two processes share
+them with each other, so this measures the split of the work, not more hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+JOBS = {
+    "calc": (ROOT / "src" / "toolpolicy" / "configs" / "demo.yaml", ROOT / "checkpoints" / "calc-sft"),
+    "hotel": (ROOT / "src" / "toolpolicy" / "configs" / "hotel.yaml", ROOT / "checkpoints" / "hotel-sft"),
+}
+
+
+def run(env: str, processes: int, threads: int, steps: int, work: Path) -> dict:
+    config, checkpoint = JOBS[env]
+    run_dir = work / f"{env}-{processes}x{threads}"
+    overrides = {
+        "run_dir": run_dir, "init_from": checkpoint, "rl_steps": steps, "threads": threads, "checkpoint_every": 10_000,
+        "audit": False, "sampling_streams": "episode",
+    }
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "toolpolicy", "train", str(config)]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["phase"] == "rl"][1:]
+    return {
+        "processes": processes,
+        "threads_each": threads,
+        "seconds_per_step": statistics.median(r["time/step"] for r in rl),
+        "rollout_seconds": statistics.median(r["time/rollout"] for r in rl),
+        "update_seconds": statistics.median(r["time/step"] - r["time/rollout"] for r in rl),
+        "reward": [r.get("reward") for r in rows if r["phase"] == "rl"],
+        "loss": [r.get("loss") for r in rows if r["phase"] == "rl"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", choices=sorted(JOBS), default="calc")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2, help="threads of the one-process run (the machine's cores)")
+    parser.add_argument("--work", default="/tmp/bench-ddp")
+    args = parser.parse_args()
+    work = Path(args.work)
+    runs = {
+        f"1 process x {args.threads} threads": run(args.env, 1, args.threads, args.steps, work),
+        "1 process x 1 thread": run(args.env, 1, 1, args.steps, work),
+        "2 processes x 1 thread": run(args.env, 2, 1, args.steps, work),
+    }
+    rewards = [r["reward"] for r in runs.values()]
+    reference = runs["1 process x 1 thread"]["loss"]
+    summary = {
+        "same_rewards_every_step": all(r == rewards[0] for r in rewards),
+        "max_loss_gap": max(
+            abs(a - b) for r in runs.values() for a, b in zip(r["loss"], reference) if a is not None and b is not None
+        ),
+        **{name: r["seconds_per_step"] for name, r in runs.items()},
+    }
+    out = ROOT / "bench" / "results" / f"ddp_{args.env}.json"
+    out.write_text(json.dumps({"env": args.env, "steps": args.steps, "summary": summary, "runs": runs}, indent=2) + "\n")
+    for name, r in runs.items():
+        print(f"{name}: {r['seconds_per_step']:.2f} s/step (rollout {r['rollout_seconds']:.2f}, update {r['update_seconds']:.2f})")
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

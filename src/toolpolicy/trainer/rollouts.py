@@ -1,0 +1,196 @@
+"""Where RL's episodes are rolled out: in this process, or on Ray rollout workers.
+
+`Rollouts.run(tasks, seeds, group_size)` returns every episode of the step, scored, in the
+order of `tasks`, wherever it ran:
+
+- `LocalRollouts`: this process's engine. Under torchrun each rank runs its contiguous
+  share of the groups and receives the others' (trainer/distributed.py).
+- `RayRollouts` (`ray_rollout_workers: N`): N Ray actors, each with its own model copy,
+  backend, environment, gate and audit log, run contiguous shares of the groups; the
+  learner, on the driver, sends them the weights after every optimizer step through
+  Ray's object store (one `ray.put`, read by every actor). `ray_address` names a running
+  cluster (`ray start --head`), or "local" starts one for the run.
+
+Either way each episode samples from its own stream (`sampling_streams: episode`), so the
+step's episodes are the same ones a single process samples. Each engine appends its gate's
+decisions to its own audit log: RUN_DIR/audit.jsonl for the first (rank 0, or a single
+process), audit.rankN.jsonl or audit.workerN.jsonl for the others (Ray workers on other
+machines need RUN_DIR on a shared file system). A checkpoint records every log's last
+record, and a resumed run cuts each log back to it before replaying the steps after it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from toolpolicy.build import build_engine, build_env, build_rubric, load_policy_model
+from toolpolicy.config import Config, ConfigError
+from toolpolicy.envs.base import Env
+from toolpolicy.gate import rewind
+from toolpolicy.model import PolicyModel
+from toolpolicy.rewards import Score
+from toolpolicy.rollout import RolloutEngine, Trajectory
+from toolpolicy.trainer.distributed import World
+from toolpolicy.types import Task
+
+AUDIT_START = "audit_start_seq"  # RUN_DIR/rl/: an audit log's last record before RL's first step
+
+Scored = list[tuple[Trajectory, Score]]
+
+
+class Rollouts(Protocol):
+    env: Env
+    """The environment, for the step's tasks and its success reward."""
+
+    def run(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Scored:
+        """One scored episode per task (groups contiguous), all of them, in order."""
+        ...
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """The samplers take `model`'s new weights (after an optimizer step)."""
+        ...
+
+    def counts(self) -> Counter[str]:
+        """Token positions run by every sampler so far, by kind."""
+        ...
+
+    def audit_seqs(self) -> list[int | None]:
+        """Each audit log's last record (None: no log), in the order of the engines."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_engine(
+    cfg: Config, policy: PolicyModel, generator: torch.Generator, run_dir: Path, name: str, audit_seq: int | None, resume: bool
+) -> RolloutEngine:
+    """An RL rollout engine whose audit log (if `cfg.audit`) continues where the checkpoint
+    left it: the decisions after `audit_seq` are cut, since their steps are about to be taken
+    again (with no checkpoint yet, back to where RL started). `name` tells the engines of
+    one run apart: "" for the first, else "rank1", "worker0", ..."""
+    audit_file = f"audit.{name}.jsonl" if name else "audit.jsonl"  # one writer per log
+    phase_dir = run_dir / "rl"
+    audit_start = phase_dir / (f"{AUDIT_START}.{name}" if name else AUDIT_START)
+    if audit_seq is None and resume and audit_start.exists():
+        audit_seq = int(audit_start.read_text())
+    if cfg.audit and audit_seq is not None:
+        rewind(run_dir / audit_file, audit_seq)
+    engine = build_engine(cfg, policy, generator, cfg.temperature, audit_file=audit_file)
+    audit = engine.gate.audit
+    if audit is not None and not resume:
+        phase_dir.mkdir(parents=True, exist_ok=True)
+        audit_start.write_text(str(audit.last_seq))
+    return engine
+
+
+def last_seq(engine: RolloutEngine) -> int | None:
+    audit = engine.gate.audit
+    return audit.last_seq if audit is not None else None
+
+
+def score_all(engine: RolloutEngine, rubric: Any, tasks: list[Task], seeds: list[int] | None) -> Scored:
+    return [(t, rubric.score(t.episode)) for t in engine.run(tasks, seeds=seeds)]
+
+
+class LocalRollouts:
+    """This process's engine; under torchrun, this rank's share of the groups, then all of them."""
+
+    def __init__(self, engine: RolloutEngine, rubric: Any, world: World) -> None:
+        self.engine, self.rubric, self.world = engine, rubric, world
+        self.env = engine.env
+
+    def run(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Scored:
+        groups = self.world.share(len(tasks) // group_size)
+        mine = slice(groups.start * group_size, groups.stop * group_size)
+        return self.world.gather(score_all(self.engine, self.rubric, tasks[mine], seeds[mine] if seeds else None))
+
+    def sync(self, model: torch.nn.Module) -> None:
+        self.engine.backend.sync(model)
+
+    def counts(self) -> Counter[str]:
+        return self.world.sum_counts(Counter(self.engine.backend.counts))
+
+    def audit_seqs(self) -> list[int | None]:
+        return self.world.gather([last_seq(self.engine)])
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class RolloutWorker:
+    """A Ray actor's state: a policy copy, its engine and the Rubric, built in the worker."""
+
+    def __init__(self, cfg: Config, checkpoint: str, run_dir: str, index: int, audit_seq: int | None, resume: bool) -> None:
+        torch.set_num_threads(max(1, cfg.threads))
+        self.policy = load_policy_model(cfg, checkpoint)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        self.engine = open_engine(cfg, self.policy, generator, Path(run_dir), f"worker{index}", audit_seq, resume)
+        self.rubric = build_rubric(cfg, self.engine.env.default_rewards)
+
+    def run(self, tasks: list[Task], seeds: list[int] | None) -> Scored:
+        return score_all(self.engine, self.rubric, tasks, seeds)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.policy.model.load_state_dict(state)
+        self.engine.backend.sync(self.policy.model)
+
+    def counts(self) -> Counter[str]:
+        return Counter(self.engine.backend.counts)
+
+    def audit_seq(self) -> int | None:
+        return last_seq(self.engine)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class RayRollouts:
+    """`ray_rollout_workers` actors, each running a contiguous share of the step's groups."""
+
+    def __init__(self, cfg: Config, checkpoint: str, run_dir: Path, audit_seqs: list[int | None] | None, resume: bool) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("ray_rollout_workers needs Ray: pip install 'toolpolicy[ray]'") from None
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            address = None if cfg.ray_address == "local" else cfg.ray_address
+            ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        actor = ray.remote(num_cpus=0)(RolloutWorker)  # threads are the config's, not Ray's CPU slots
+        seqs = audit_seqs or []
+        self.workers = [
+            actor.remote(cfg, str(checkpoint), str(run_dir), k, seqs[k] if k < len(seqs) else None, resume)
+            for k in range(cfg.ray_rollout_workers)
+        ]
+        ray.get([w.counts.remote() for w in self.workers])  # built (or their error raised) before the first step
+        self.env = build_env(cfg)
+
+    def run(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Scored:
+        shares = [World(k, len(self.workers)).share(len(tasks) // group_size) for k in range(len(self.workers))]
+        parts = [slice(s.start * group_size, s.stop * group_size) for s in shares]
+        pending = [w.run.remote(tasks[p], seeds[p] if seeds else None) for w, p in zip(self.workers, parts)]
+        return [pair for part in self.ray.get(pending) for pair in part]
+
+    def sync(self, model: torch.nn.Module) -> None:
+        state = self.ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        self.ray.get([w.load_weights.remote(state) for w in self.workers])
+
+    def counts(self) -> Counter[str]:
+        return sum(self.ray.get([w.counts.remote() for w in self.workers]), Counter())
+
+    def audit_seqs(self) -> list[int | None]:
+        return self.ray.get([w.audit_seq.remote() for w in self.workers])
+
+    def close(self) -> None:
+        try:
+            self.ray.get([w.close.remote() for w in self.workers])
+        finally:
+            for w in self.workers:
+                self.ray.kill(w)
+            if self.started:
+                self.ray.shutdown()

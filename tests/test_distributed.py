@@ -1,0 +1,226 @@
+"""Training across processes: `torchrun --nproc-per-node 2 -m toolpolicy train` on this CPU
+(gloo) takes the steps one process takes with the same global batch, and resumes exactly.
+
+With episode sampling streams every episode's tokens depend only on its seed, so the two
+runs sample the same episodes; the update differs only in the order floats are summed."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from toolpolicy.cli import main
+from toolpolicy.gate import verify
+from toolpolicy.trainer.distributed import World
+from toolpolicy.trainer.rl import rank_share
+
+from conftest import SMOKE
+
+CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
+BASE = ["--set", f"init_from={CALC_SFT}", "--set", "rl_steps=3", "--set", "checkpoint_every=2"]
+RUN = [*BASE, "--set", "sampling_streams=episode", "--set", "audit=true"]
+VARIES = ("time/", "memory/", "tokens/prefill", "tokens/decode")  # timings, and work that depends on batch shape
+
+
+def torchrun(*args: str) -> None:
+    """`toolpolicy` under torchrun with 2 processes, one thread each."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "toolpolicy", *args]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert process.returncode == 0, process.stderr[-3000:]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith(VARIES)} for row in rows]
+
+
+def decisions(run_dir: Path) -> Counter:
+    """Every gate decision of the run, from all its processes' audit logs, without order."""
+    rows = [json.loads(line) for log in sorted(run_dir.glob("audit*.jsonl")) for line in log.read_text().splitlines()]
+    return Counter((r["tool"], r["args_digest"], r["decision"], tuple(r["rule_ids"])) for r in rows)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "rl" / "final" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ddp") / "one"
+    assert main(["train", str(SMOKE), *RUN, "--set", f"run_dir={run_dir}"]) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ddp") / "two"
+    torchrun("train", str(SMOKE), *RUN, "--set", f"run_dir={run_dir}")
+    return run_dir
+
+
+def test_two_processes_take_the_steps_one_process_takes(one_process: Path, two_processes: Path):
+    one, two = metrics(one_process), metrics(two_processes)
+    assert [row["step"] for row in two] == [1, 2, 3]
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys()
+        for key in a:  # rollouts, rewards and counts are equal; the update's floats to rounding
+            expected = pytest.approx(a[key], rel=1e-5, abs=1e-5) if isinstance(a[key], float) else a[key]
+            assert b[key] == expected, (a["step"], key)
+        assert b["reward"] == a["reward"] and b["trained_episodes"] == a["trained_episodes"]
+    # Each rank ran half of the groups: together, the decisions one process made.
+    assert decisions(two_processes) == decisions(one_process)
+    assert sorted(p.name for p in two_processes.glob("audit*.jsonl")) == ["audit.jsonl", "audit.rank1.jsonl"]
+    for log in two_processes.glob("audit*.jsonl"):
+        assert verify(log).ok, log
+    w1, w2 = weights(one_process), weights(two_processes)
+    start = load_file(CALC_SFT / "model.safetensors")
+    moved = max(float((w1[k] - start[k]).abs().max()) for k in w1)  # what 3 steps changed
+    apart = max(float((w1[k] - w2[k]).abs().max()) for k in w1)  # where the two runs differ
+    assert moved > 1e-4 and apart < moved / 100, (moved, apart)
+
+
+def test_two_processes_resume_exactly(two_processes: Path, tmp_path: Path):
+    """Step 3 done but its checkpoint lost (a kill just before it): resuming from step 2's
+    checkpoint replays step 3 and leaves the metrics and each rank's audit log as they were."""
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(two_processes, run_dir)
+    shutil.rmtree(run_dir / "rl" / "checkpoints" / "step_000003")
+    shutil.rmtree(run_dir / "rl" / "final")
+    torchrun("train", "--resume", str(run_dir))
+    assert metrics(run_dir) == metrics(two_processes)  # same samples, same sums: bit for bit
+    for name in ("audit.jsonl", "audit.rank1.jsonl"):
+        assert (run_dir / name).read_text() != ""
+        again = [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+        before = [json.loads(line) for line in (two_processes / name).read_text().splitlines()]
+        assert [(r["seq"], r["args_digest"], r["decision"]) for r in again] == [(r["seq"], r["args_digest"], r["decision"]) for r in before]
+        assert verify(run_dir / name).ok
+    w1, w2 = weights(run_dir), weights(two_processes)
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+@pytest.mark.parametrize("settings", [[], ["sampling_streams=episode", "lora_rank=4"]])
+def test_what_cannot_split_across_processes_is_refused_before_any_work(settings: list[str], tmp_path: Path, monkeypatch):
+    """Under torchrun (WORLD_SIZE=2) batch streams or LoRA are a config error, raised before a
+    model is loaded or a process group joined."""
+    from toolpolicy.config import ConfigError, load_config
+    from toolpolicy.trainer.rl import train_rl
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = load_config(SMOKE, [f"init_from={CALC_SFT}", f"run_dir={tmp_path}", *settings])
+    with pytest.raises(ConfigError, match="2 processes need sampling_streams: episode"):
+        train_rl(cfg, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("groups,size", [(8, 2), (7, 2), (1, 2), (5, 3)])
+def test_ranks_share_every_group_once(groups: int, size: int):
+    shares = [World(rank, size).share(groups) for rank in range(size)]
+    assert [g for share in shares for g in share] == list(range(groups))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_each_rank_trains_whole_groups():
+    order = [0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15]  # kept episodes of groups 0, 2, 3 (group size 4)
+    mine = [rank_share(order, 4, World(rank, 2)) for rank in range(2)]
+    assert mine == [[0, 1, 2, 3, 8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A Ray head on loopback, started as a user would (`ray start --head`) with a token the
+    trainer must present (RAY_AUTH_TOKEN in its environment), stopped after."""
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    port = free_port()
+    temp = tmp_path_factory.mktemp("ray")
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    start = [
+        ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+        "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(temp),
+    ]
+    process = subprocess.run(start, capture_output=True, text=True, timeout=300, env={**os.environ, **auth})
+    assert process.returncode == 0, process.stderr[-2000:]
+    saved = {key: os.environ.get(key) for key in auth}
+    os.environ.update(auth)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        import ray
+
+        ray.shutdown()
+        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=300)
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ray_workers(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ray") / "two-workers"
+    settings = ["--set", "ray_rollout_workers=2", "--set", f"ray_address={ray_cluster}", "--set", f"run_dir={run_dir}"]
+    assert main(["train", str(SMOKE), *RUN, *settings]) == 0
+    return run_dir
+
+
+def test_ray_workers_roll_out_what_one_process_does(one_process: Path, two_ray_workers: Path):
+    """Two Ray actors, fed the weights after each step, sample the episodes the trainer's own
+    process samples; the update runs on the driver, as with one process."""
+    one, ray_run = metrics(one_process), metrics(two_ray_workers)
+    assert [row["step"] for row in ray_run] == [1, 2, 3]
+    for a, b in zip(one, ray_run):
+        assert b == {k: pytest.approx(v, rel=1e-5, abs=1e-5) if isinstance(v, float) else v for k, v in a.items()}
+    assert sorted(p.name for p in two_ray_workers.glob("audit*.jsonl")) == ["audit.worker0.jsonl", "audit.worker1.jsonl"]
+    assert decisions(two_ray_workers) == decisions(one_process)
+    for log in two_ray_workers.glob("audit*.jsonl"):
+        assert verify(log).ok, log
+    w1, w2 = weights(one_process), weights(two_ray_workers)
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-6  # one process trains either way
+
+
+def test_ray_workers_resume_exactly(ray_cluster: str, two_ray_workers: Path, tmp_path: Path):
+    """As with torchrun: step 3's checkpoint lost, the resumed run replays step 3 on fresh
+    workers and each worker's audit log is cut back and rewritten as it was."""
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(two_ray_workers, run_dir)
+    shutil.rmtree(run_dir / "rl" / "checkpoints" / "step_000003")
+    shutil.rmtree(run_dir / "rl" / "final")
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert metrics(run_dir) == metrics(two_ray_workers)
+    for name in ("audit.worker0.jsonl", "audit.worker1.jsonl"):
+        assert [json.loads(x)["args_digest"] for x in (run_dir / name).read_text().splitlines()] == [
+            json.loads(x)["args_digest"] for x in (two_ray_workers / name).read_text().splitlines()
+        ]
+        assert verify(run_dir / name).ok
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (["sampling_streams=episode", "backend=vllm"], "sampling_streams: episode needs backend hf"),
+        (["ray_rollout_workers=2"], "ray_rollout_workers needs sampling_streams: episode"),
+        (["ray_rollout_workers=2", "sampling_streams=episode", "lora_rank=4"], "no lora_rank"),
+    ],
+)
+def test_settings_that_cannot_split_a_step_are_config_errors(settings: list[str], message: str):
+    from toolpolicy.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(SMOKE, settings)
+    assert "got {" not in str(error.value)  # names the fields, does not dump the whole config
