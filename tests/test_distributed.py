@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -150,17 +151,23 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     ]
     process = subprocess.run(start, capture_output=True, text=True, timeout=300, env={**os.environ, **auth})
     assert process.returncode == 0, process.stderr[-2000:]
-    saved = {key: os.environ.get(key) for key in auth}
-    os.environ.update(auth)
     try:
-        yield f"127.0.0.1:{port}"
+        yield RayCluster(f"127.0.0.1:{port}", auth)
     finally:
-        import ray
-
-        ray.shutdown()
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=300)
-        for key, value in saved.items():
-            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+
+
+class RayCluster(NamedTuple):
+    address: str
+    auth: dict[str, str]
+    """What the trainer's environment needs to join it."""
+
+    def train(self, *args: str) -> None:
+        """`toolpolicy train ...` in a process of its own, as a user runs it (Ray reads its
+        authentication settings once, when it is first imported)."""
+        env = {**os.environ, **self.auth, "OMP_NUM_THREADS": "1"}
+        process = subprocess.run([sys.executable, "-m", "toolpolicy", "train", *args], capture_output=True, text=True, env=env, timeout=900)
+        assert process.returncode == 0, process.stderr[-3000:]
 
 
 def free_port() -> int:
@@ -172,10 +179,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def two_ray_workers(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def two_ray_workers(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("ray") / "two-workers"
-    settings = ["--set", "ray_rollout_workers=2", "--set", f"ray_address={ray_cluster}", "--set", f"run_dir={run_dir}"]
-    assert main(["train", str(SMOKE), *RUN, *settings]) == 0
+    settings = ["--set", "ray_rollout_workers=2", "--set", f"ray_address={ray_cluster.address}", "--set", f"run_dir={run_dir}"]
+    ray_cluster.train(str(SMOKE), *RUN, *settings)
     return run_dir
 
 
@@ -194,14 +201,14 @@ def test_ray_workers_roll_out_what_one_process_does(one_process: Path, two_ray_w
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-6  # one process trains either way
 
 
-def test_ray_workers_resume_exactly(ray_cluster: str, two_ray_workers: Path, tmp_path: Path):
+def test_ray_workers_resume_exactly(ray_cluster: RayCluster, two_ray_workers: Path, tmp_path: Path):
     """As with torchrun: step 3's checkpoint lost, the resumed run replays step 3 on fresh
     workers and each worker's audit log is cut back and rewritten as it was."""
     run_dir = tmp_path / "resumed"
     shutil.copytree(two_ray_workers, run_dir)
     shutil.rmtree(run_dir / "rl" / "checkpoints" / "step_000003")
     shutil.rmtree(run_dir / "rl" / "final")
-    assert main(["train", "--resume", str(run_dir)]) == 0
+    ray_cluster.train("--resume", str(run_dir))
     assert metrics(run_dir) == metrics(two_ray_workers)
     for name in ("audit.worker0.jsonl", "audit.worker1.jsonl"):
         assert [json.loads(x)["args_digest"] for x in (run_dir / name).read_text().splitlines()] == [
