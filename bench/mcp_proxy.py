@@ -53,7 +53,8 @@ def server_params(mode_flags: list[str] | None, folder: Path) -> StdioServerPara
     policy.write_text(POLICY)
     audit = folder / f"audit-{len(list(folder.glob('audit-*.jsonl')))}.jsonl"
     proxy = ["-m", "toolpolicy.cli", "gate", "serve", "--policy", str(policy), "--audit", str(audit), *mode_flags]
-    return StdioServerParameters(command=sys.executable, args=[*proxy, "--", sys.executable, *upstream])
+    # The SDK starts servers with a minimal environment; the proxy must import this checkout.
+    return StdioServerParameters(command=sys.executable, args=[*proxy, "--", sys.executable, *upstream], env=dict(os.environ))
 
 
 async def time_calls(params: StdioServerParameters, calls: int, warmup: int) -> list[int]:

@@ -4,6 +4,7 @@ observation the model sees, the ledger, and fuzzed calls that must never raise."
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolpolicy.gate import AuditLog, Decision, Gate, Ledger, Policy, verify
+from toolpolicy.gate.ledger import HISTORY_WINDOW
 from toolpolicy.types import ToolCall, ToolSpec
 
 SPECS = [
@@ -61,7 +63,7 @@ rules:
   - id: broken-permit
     effect: permit
     tools: [search]
-    when: args.missing == 1
+    when: args.filters.missing == 1
 limits:
   max_calls: {read_file: 2, "*": 5}
   max_consecutive_errors: {search: 2}
@@ -146,7 +148,7 @@ def test_limits_and_the_retry_budget() -> None:
     ledger = Ledger(facts={"verified": True})
     search = ToolCall("search", {"query": "q"})
     ledger.record(search, "error")
-    ledger.record(read("/work/x"), "denied")  # a denial neither resets nor counts
+    ledger.record(read("/work/x"), "denied")  # a denial neither resets nor extends a run of errors
     assert g.decide(search, ledger).allowed
     ledger.record(search, "error")
     assert g.decide(search, ledger).rule_ids == ("limit:max_consecutive_errors:search",)
@@ -170,6 +172,89 @@ def test_ledger_records_history_counts_and_errors() -> None:
     assert ledger.consecutive_errors == {"read_file": 0, "*": 1, "search": 1}
     with pytest.raises(ValueError, match="outcome must be one of"):
         ledger.record(read("/work/a"), "maybe")  # type: ignore[arg-type]
+
+
+def test_denied_calls_count_toward_max_calls() -> None:
+    """A model may not probe the policy without end: each denial uses up the tool's budget
+    and the episode's, as a call that ran does."""
+    g, ledger = gate(), Ledger()
+    for _ in range(2):
+        ledger.record(read("/etc/passwd"), "denied")
+    assert ledger.attempts("read_file") == 2 and ledger.counts == {} and ledger.denials == {"read_file": 2}
+    assert g.decide(read("/work/a"), ledger).rule_ids == ("limit:max_calls:read_file",)
+    ledger = Ledger(facts={"verified": True})
+    for _ in range(5):
+        ledger.record(ToolCall("search", {"query": "x", "limit": 999}), "denied")
+    assert ledger.total_attempts == 5 and ledger.total_calls == 0
+    assert g.decide(read("/work/a"), ledger).rule_ids == ("limit:max_calls:*",)
+
+
+def test_the_ledger_keeps_summaries_not_the_episode() -> None:
+    """After 20,000 calls the ledger holds a window of history, counts and digests, and a
+    decision that reads all of them costs what it did at the start (it used to scan and
+    convert the whole history: about 0.6 s a decision at 20,000 calls)."""
+    policy = Policy.from_dict(
+        {
+            "default": "allow",
+            "rules": [
+                {"id": "repeat", "effect": "forbid", "tools": "*", "when": "denied_before", "reason": "again"},
+                {"id": "noisy", "effect": "forbid", "tools": "*", "reason": "too many denials",
+                 "when": "'search' in denials && denials['search'] > 50000"},
+                {"id": "recent", "effect": "forbid", "tools": "*", "reason": "recent",
+                 "when": "history.exists(h, h.name == 'read_file' && h.outcome == 'error')"},
+            ],
+        }
+    )
+    g, ledger = Gate(policy, SPECS), Ledger()
+
+    def median_decision_seconds() -> float:
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            g.evaluate(ToolCall("search", {"query": "fresh"}), ledger)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[3]
+
+    ledger.record(ToolCall("search", {"query": "first"}), "denied")
+    early = median_decision_seconds()
+    for k in range(20_000):
+        ledger.record(ToolCall("search", {"query": f"q{k}"}), "denied")
+    assert len(ledger.history) == HISTORY_WINDOW and ledger.denials == {"search": 20_001}
+    assert g.evaluate(ToolCall("search", {"query": "first"}), ledger).rule_ids == ("repeat",)  # not forgotten
+    assert g.evaluate(ToolCall("search", {"query": "fresh"}), ledger).allowed
+    assert median_decision_seconds() < max(10 * early, 0.005)
+
+
+def test_denied_before_ignores_key_order_and_sees_only_denials() -> None:
+    policy = Policy.from_dict(
+        {"default": "allow", "rules": [{"id": "again", "effect": "forbid", "tools": "*", "when": "denied_before",
+                                        "reason": "denied already"}]}
+    )
+    g, ledger = Gate(policy, SPECS), Ledger()
+    ledger.record(ToolCall("search", {"query": "q", "limit": 5}), "denied")
+    ledger.record(ToolCall("search", {"query": "ran"}), "ok")
+    assert g.evaluate(ToolCall("search", {"limit": 5, "query": "q"}), ledger).rule_ids == ("again",)
+    assert g.evaluate(ToolCall("search", {"query": "ran"}), ledger).allowed
+    assert g.evaluate(ToolCall("read_file", {"path": "q"}), ledger).allowed
+
+
+def test_parsed_arguments_are_what_conditions_read(tmp_path: Path) -> None:
+    """`parse` gives conditions the normalised, resolved path; the text is never matched."""
+    (tmp_path / "link").symlink_to("/etc")
+    policy = Policy.from_dict(
+        {
+            "default": "deny",
+            "work_folder": "/work",
+            "parse": {"read_file": {"path": "path"}},
+            "rules": [{"id": "inside", "effect": "permit", "tools": ["read_file"],
+                       "when": "parsed.path.plain && parsed.path.inside"}],
+        }
+    )
+    g = Gate(policy, SPECS, work_folder=tmp_path)
+    assert g.evaluate(read("/work/notes.txt")).allowed and g.evaluate(read("notes.txt")).allowed
+    for outside in ("/work/../etc/passwd", "%2e%2e/etc", "link/passwd", "/etc/passwd", "\uff0e\uff0e/x"):
+        assert g.evaluate(read(outside)).rule_ids == ("default:deny",), outside
+    assert Gate(policy, SPECS).evaluate(read("link/passwd")).allowed  # /work is not on this disk: spelling only
 
 
 def test_history_is_visible_to_conditions() -> None:
@@ -297,7 +382,7 @@ def test_screens_give_the_same_answer_as_rule_by_rule() -> None:
     rules = [{"id": f"f{i}", "effect": "forbid", "tools": ["read_file"], "when": f"args.path == '/x/{i}'", "reason": "no"}
              for i in range(40)]
     permits = [{"id": f"p{i}", "effect": "permit", "tools": ["read_file"], "when": f"args.path == '/work/{i}'"} for i in range(3)]
-    failing = {"id": "broken", "effect": "forbid", "tools": ["read_file"], "when": "args.missing == 1", "reason": "no"}
+    failing = {"id": "broken", "effect": "forbid", "tools": ["read_file"], "when": "state.missing == 1", "reason": "no"}
     quiet = Gate(Policy.from_dict({"default": "deny", "rules": rules + permits}), SPECS)
     assert quiet.policy.rules_for("read_file").forbid_screen is not None
     assert quiet.evaluate(read("/work/elsewhere")).rule_ids == ("default:deny",)

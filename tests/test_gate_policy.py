@@ -151,6 +151,89 @@ def test_gate_refuses_a_policy_naming_a_tool_it_does_not_have() -> None:
     Gate(load(GOOD), [spec])  # the real name is fine
 
 
+@pytest.mark.parametrize("when", ["when:", "when: ~", "when: null", "when: ''", "when: '   '"])
+def test_a_blank_when_is_a_load_error_naming_the_rule(when: str) -> None:
+    """A condition that was meant and lost must not become "always": YAML's blank value
+    (null) is refused like the empty string. Only a rule without `when` always applies."""
+    text = f"rules:\n  - id: open-door\n    effect: permit\n    tools: [t]\n    {when}\n"
+    problems = problems_of(text)
+    assert len(problems) == 1 and problems[0].startswith("rule 'open-door': when is"), problems
+    assert "remove 'when' for a rule that always applies" in problems[0]
+    unconditional = load("rules:\n  - id: always\n    effect: permit\n    tools: [t]\n")
+    assert unconditional.rules[0].when is None and unconditional.rules[0].program is None
+
+
+CALCULATOR = ToolSpec(
+    "calculator", "calc", {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+)
+SHELL = ToolSpec("run_shell", "shell", {"type": "object", "properties": {"command": {"type": "string"}}})
+OPEN = ToolSpec("anything", "open schema", {"type": "object", "properties": {}, "additionalProperties": True})
+
+
+@pytest.mark.parametrize(
+    ("tools", "when", "expected"),
+    [
+        ("[calculator]", "args.expresion != ''", "rule 'r': when reads args.expresion, which calculator does not have"),
+        ("[calculator]", "args['expresion'] == '1'", "reads args.expresion"),
+        ("[calculator]", "has(args.expr) && args.expr == '1'", "reads args.expr"),
+        ("[calculator, run_shell]", "args.command == 'ls'", "reads args.command, which calculator does not have"),
+        ("'*'", "args.nothing == 1", "rule 'r': when reads args.nothing, which no tool has"),
+    ],
+)
+def test_a_condition_reading_an_argument_the_tool_lacks_is_refused_when_the_gate_is_built(
+    tools: str, when: str, expected: str
+) -> None:
+    """Such a condition loads, then fails on every call (a forbid denying all of them, a
+    permit never matching); with the tools' schemas known it is refused, naming the rule,
+    whether or not unknown tool names are tolerated."""
+    policy = load(f"rules:\n  - id: r\n    effect: forbid\n    tools: {tools}\n    when: \"{when}\"\n    reason: x\n")
+    for strict in (True, False):
+        with pytest.raises(PolicyError) as caught:
+            Gate(policy, [CALCULATOR, SHELL], strict_tool_names=strict)
+        assert any(expected in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_arguments_a_tool_has_or_might_have_are_accepted() -> None:
+    for tools, when in (
+        ("[calculator]", "args.expression.size() > 0 && args.exists(k, k == 'x') && 'args.typo' != ''"),
+        ("'*'", "tool == 'run_shell' && size(args.command) > 10"),  # one tool has it
+        ("[anything]", "args.whatever == 1"),  # an open schema may have any argument
+    ):
+        policy = load(f"rules:\n  - id: r\n    effect: forbid\n    tools: {tools}\n    when: \"{when}\"\n    reason: x\n")
+        Gate(policy, [CALCULATOR, SHELL, OPEN])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("parse: {t: {path: path}}", "parse needs a work_folder"),
+        ("work_folder: relative/dir", "work_folder must be an absolute folder path"),
+        ("work_folder: /w/../x", "work_folder must be an absolute folder path"),
+        ("work_folder: /w\nparse: {t: {path: glob}}", "parse.t.path: kind 'glob' must be one of path, command"),
+        ("work_folder: /w\nparse: {t: [path]}", "parse.t must map argument names to a kind"),
+        (
+            "work_folder: /w\nparse: {t: {path: path}}\nrules: [{id: r, effect: permit, tools: [t], when: parsed.file.inside}]",
+            "rule 'r': when reads parsed.file, but parse gives no 'file' for t",
+        ),
+        (
+            "work_folder: /w\nrules: [{id: r, effect: permit, tools: '*', when: parsed.path.inside}]",
+            "rule 'r': when reads parsed.path, which no tool has in parse",
+        ),
+    ],
+)
+def test_parse_tables_are_checked_at_load(text: str, expected: str) -> None:
+    problems = problems_of(text)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_parsing_an_argument_the_tool_lacks_is_refused_when_the_gate_is_built() -> None:
+    policy = load("work_folder: /w\nparse: {calculator: {expr: path}, run_shell: {command: command}}\n")
+    with pytest.raises(PolicyError, match="parse.calculator.expr: calculator has no string argument 'expr'"):
+        Gate(policy, [CALCULATOR, SHELL])
+    with pytest.raises(PolicyError, match="parse: names unknown tool 'ghost'"):
+        Gate(load("work_folder: /w\nparse: {ghost: {path: path}}\n"), [CALCULATOR])
+
+
 def test_the_shipped_example_policy_loads() -> None:
     policy = Policy.load(WORKSPACE)
     assert len(policy.rules) >= 15 and policy.default == "deny"

@@ -95,7 +95,7 @@ def _atoms() -> tuple[list[Condition], list[Condition]]:
             "history.exists(h, h.name == tool && h.outcome == 'error')",
             lambda c: any(h["name"] == c["tool"] and h["outcome"] == "error" for h in c["history"]),
         ),
-        Condition("args.nosuch.size() > 0", lambda c: c["args"]["nosuch"]),  # always an error
+        Condition("state.nosuch.size() > 0", lambda c: c["state"]["nosuch"]),  # always an error
         Condition("1 / (size(history) - size(history)) == 1", lambda c: 1 / 0),  # always an error
     ]
     non_boolean = [
@@ -224,7 +224,7 @@ def random_case(rng: random.Random) -> tuple[ToolCall, dict[str, Any], list[tupl
         facts["level"] = rng.randint(0, 5)
     if rng.random() < 0.5:
         facts["role"] = rng.choice(("admin", "guest", "user"))
-    history = [
+    history = [  # at most 4 calls: all of them inside the ledger's HISTORY_WINDOW
         (ToolCall(rng.choice(TOOLS), random_args(rng)), rng.choice(("ok", "ok", "error", "denied")))
         for _ in range(rng.randint(0, 4))
     ]
@@ -261,6 +261,9 @@ def reference(
     counts: dict[str, int] = {}
     for c, _ in ran:
         counts[c.name] = counts.get(c.name, 0) + 1
+    attempts: dict[str, int] = {}  # what max_calls limits: denied calls count too
+    for c, _ in history:
+        attempts[c.name] = attempts.get(c.name, 0) + 1
 
     def trailing_errors(entries: list[tuple[ToolCall, str]]) -> int:
         n = 0
@@ -272,9 +275,9 @@ def reference(
 
     hits = []
     calls_cap, errors_cap = dict(policy.max_calls), dict(policy.max_errors)
-    if call.name in calls_cap and counts.get(call.name, 0) >= calls_cap[call.name]:
+    if call.name in calls_cap and attempts.get(call.name, 0) >= calls_cap[call.name]:
         hits.append(f"limit:max_calls:{call.name}")
-    if "*" in calls_cap and len(ran) >= calls_cap["*"]:
+    if "*" in calls_cap and len(history) >= calls_cap["*"]:
         hits.append("limit:max_calls:*")
     if call.name in errors_cap and trailing_errors([e for e in ran if e[0].name == call.name]) >= errors_cap[call.name]:
         hits.append(f"limit:max_consecutive_errors:{call.name}")

@@ -3,6 +3,10 @@
 Every hostile call in workspace_attacks.jsonl must be denied, by the rule its `expect`
 names (so a denial for an unrelated reason does not count as the policy working). The
 false-positive rate on workspace_benign.jsonl is printed and must stay <= 1%.
+
+Both run against a real work folder on disk (`work_folder`): a git repository with a
+real .git folder, and symlinks that lead out of it or to a secret, which the gate
+resolves before any rule reads a path.
 """
 
 from __future__ import annotations
@@ -11,15 +15,35 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from toolpolicy.gate import Gate, Ledger, Policy
 from toolpolicy.types import ToolCall, ToolSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "policies"
+SYMLINKS = {"outside": "/etc", "passwd-link": "/etc/passwd", "notes-link.txt": ".env", "docs/up": "../.."}
+"""Links planted in the work folder: out of it, to a file outside, to a secret inside, and up past it."""
 
 
-def workspace_gate() -> Gate:
+def make_work_folder(root: Path) -> Path:
+    """A work folder like the one the suites describe, at `root`."""
+    for folder in (".git", "src", "docs", "data", "logs"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    (root / "notes.txt").write_text("meeting at noon\n")
+    (root / ".env").write_text("API_TOKEN=hunter2\n")
+    for name, target in SYMLINKS.items():
+        (root / name).symlink_to(target)
+    return root
+
+
+def workspace_gate(folder: Path | None = None) -> Gate:
     specs = [ToolSpec(**spec) for spec in json.loads((EXAMPLES / "workspace_tools.json").read_text())]
-    return Gate(Policy.load(EXAMPLES / "workspace.yaml"), specs)
+    return Gate(Policy.load(EXAMPLES / "workspace.yaml"), specs, work_folder=folder)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_work_folder(tmp_path_factory.mktemp("workspace"))
 
 
 def suite(name: str) -> list[dict[str, Any]]:
@@ -33,8 +57,8 @@ def decide(gate: Gate, case: dict[str, Any]) -> Any:
     return gate.decide(ToolCall(case["name"], case["arguments"]), ledger)
 
 
-def test_every_attack_is_denied_by_the_intended_rule() -> None:
-    gate, cases = workspace_gate(), suite("workspace_attacks.jsonl")
+def test_every_attack_is_denied_by_the_intended_rule(folder: Path) -> None:
+    gate, cases = workspace_gate(folder), suite("workspace_attacks.jsonl")
     assert len(cases) >= 30
     missed = []
     for case in cases:
@@ -45,8 +69,8 @@ def test_every_attack_is_denied_by_the_intended_rule() -> None:
     assert not missed, missed
 
 
-def test_benign_false_positive_rate_is_at_most_one_percent() -> None:
-    gate, cases = workspace_gate(), suite("workspace_benign.jsonl")
+def test_benign_false_positive_rate_is_at_most_one_percent(folder: Path) -> None:
+    gate, cases = workspace_gate(folder), suite("workspace_benign.jsonl")
     assert len(cases) >= 200
     false_positives = [(case, decide(gate, case)) for case in cases]
     false_positives = [(c, d) for c, d in false_positives if not d.allowed]

@@ -141,6 +141,31 @@ def test_impossible_operations_are_tool_errors():
     assert clash.error == "tool_error" and "taken" in clash.content
 
 
+def test_booking_facts_keep_the_history_and_dates_are_strict():
+    """A moved booking keeps the check-in it had before the move (first_hours) and the
+    least time to any check-in it has had (least_hours), so the policy cannot be walked
+    round in steps; dates are YYYY-MM-DD only, in the schema the gate checks and in the
+    tool; the log of moves leaves the reward's hash as it was."""
+    db = fresh_copy(0)
+    tools = make_tools(db)
+    late, = seed_database(0).execute("SELECT id FROM bookings WHERE status = 'confirmed' AND check_in = '2025-06-02' "
+                                     "AND room_id = 'R5'").fetchone()
+    before = booking_facts(db, late)
+    assert (before["first_hours"], before["least_hours"], before["reschedules"]) == (27, 27, 0)
+    for spelling in ("20250610", "2025-W24-2", "2025-06-10T00:00"):
+        refused = tools.call(ToolCall("reschedule", {"booking": late, "start": spelling, "end": "2025-06-12"}))
+        assert refused.error == "tool_error" and "is not a date like" in refused.content
+    assert tools.call(ToolCall("reschedule", {"booking": late, "start": "2025-06-20", "end": "2025-06-22"})).ok
+    moved = tools.call(ToolCall("reschedule", {"booking": late, "start": "2025-06-10", "end": "2025-06-12"}))
+    facts = moved.facts[f"booking_{late}"]
+    assert (facts["hours"], facts["first_hours"], facts["least_hours"], facts["reschedules"]) == (219, 27, 27, 2)
+    direct = fresh_copy(0)
+    assert make_tools(direct).call(ToolCall("reschedule", {"booking": late, "start": "2025-06-10", "end": "2025-06-12"})).ok
+    assert canonical_hash(db) == canonical_hash(direct)  # two moves to the goal dates reach the goal
+    schema = next(s for s in tools.specs() if s.name == "reschedule").parameters["properties"]
+    assert schema["start"]["format"] == schema["end"]["format"] == "date"
+
+
 # ---- policy ---------------------------------------------------------------------------
 
 
@@ -431,7 +456,8 @@ def test_registered_by_name():
 
 
 def test_expert_breaks_a_rule_on_every_task_when_told_to(env):
-    tasks = [t for t in env.tasks("train", 60, seed=5) if t.info["kind"] != "handoff"]
+    tasks = env.tasks("train", 60, seed=5)
+    assert any(t.info["kind"] == "handoff" for t in tasks)  # a handoff without verification is a break too
     scripts = [env.expert_turns(t, random.Random(i), ExpertStyle(violation=1.0, guess=0.0)) for i, t in enumerate(tasks)]
     episodes = run(env, tasks, scripts, gate=False)
     assert all(e.outcome["violations"] >= 1 for e in episodes)

@@ -8,12 +8,14 @@ and says why (`PythonSandbox.isolation`); it never passes without checking.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -25,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from toolpolicy.tools import PythonSandbox, SandboxLimits, ToolSet
-from toolpolicy.tools.sandbox import Isolation, SandboxRun, classify
+from toolpolicy.tools.sandbox import Isolation, SandboxRun, classify, read_report
+from toolpolicy.tools.sandbox_worker import ARCHITECTURES, judge_status, syscall_filter
 from toolpolicy.types import ToolCall
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the sandbox forks; Windows is not supported")
@@ -293,7 +296,6 @@ def test_writing_outside_the_working_folder_fails(sandbox: PythonSandbox, tmp_pa
         f"/etc/{name}": Path("/etc") / name,
         f"{Path(__file__).parent}/{name}": Path(__file__).parent / name,  # the repository
         f"/var/tmp/{name}": Path("/var/tmp") / name,  # world-writable on the host
-        f"/dev/shm/{name}": Path("/dev/shm") / name,  # world-writable on the host
         f"../../{name}": Path("/") / name,  # from the working folder /tmp
         f"{tmp_path}/{name}": tmp_path / name,  # the host's /tmp, hidden by the call's own
     }
@@ -318,6 +320,11 @@ def test_writing_outside_the_working_folder_fails(sandbox: PythonSandbox, tmp_pa
     assert "inside /tmp fine" in run.output
     for host_path in targets.values():
         assert not host_path.exists(), host_path
+    # /dev/shm is the call's own (world-writable on the host): a write lands in the call's tmpfs, not the host's
+    shared = sandbox.run(f"open('/dev/shm/{name}', 'w').write('private')\nimport os\nprint(os.listdir('/dev/shm'))")
+    assert shared.output == f"['{name}']\n"
+    assert not (Path("/dev/shm") / name).exists()
+    assert sandbox.run("import os\nprint(os.listdir('/dev/shm'))").output == "[]\n"  # gone with its call
     uncaught = sandbox.run(f"open('/etc/{name}', 'w')")
     assert "Read-only file system" in uncaught.output
     assert uncaught.observation().endswith("Only the working folder (/tmp) is writable; the rest of the file system is read-only.")
@@ -385,6 +392,67 @@ def test_environment_secrets_are_not_visible(sandbox: PythonSandbox) -> None:
     if not (sandbox.isolation.processes or sandbox.isolation.user):
         pytest.skip("without a PID namespace or a uid of its own, a call can read its uid's other processes")
     assert leaks == "leaks []"
+
+
+def test_a_call_sees_no_socket_of_the_hosts(sandbox: PythonSandbox) -> None:
+    require(sandbox, "filesystem")
+    path = Path("/var/tmp") / f"toolpolicy-sandbox-listener-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    os.chmod(path, 0o777)
+    server.listen()
+    server.setblocking(False)
+    code = f"import socket\ntry:\n    socket.socket(socket.AF_UNIX).connect({str(path)!r})\n    print('CONNECTED')\nexcept OSError as error:\n    print(error.errno)"
+    try:
+        run = sandbox.run(code)
+        assert run.output == f"{errno.ENOENT}\n"  # not refused: not there at all
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        server.close()
+        path.unlink()
+
+
+def test_system_calls_beyond_a_programs_needs_are_denied(sandbox: PythonSandbox) -> None:
+    require(sandbox, "syscalls")
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "status = open('/proc/self/status').read()\n"
+        "print(status.split('Seccomp:')[1].split()[0], libc.unshare(0x10000000), ctypes.get_errno())\n"
+        "print(libc.shmget(0, 4096, 0o1600), ctypes.get_errno())\n"
+        "try:\n    os.memfd_create('x')\nexcept OSError as error:\n    print(error.errno)\n"
+    )
+    run = sandbox.run(code)
+    assert run.output.splitlines() == [f"2 -1 {errno.EPERM}", f"-1 {errno.EPERM}", f"{errno.EPERM}"], run.observation()
+
+
+def test_each_call_has_its_own_ipc_namespace(solo: PythonSandbox) -> None:
+    """A POSIX message queue (the filter allows them) made by one call is gone for the next."""
+    require(solo, "processes")
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "queue = libc.mq_open(b'/toolpolicy-test-queue', {flags}, 0o600, None)\n"
+        "print(os.readlink('/proc/self/ns/ipc'), queue != -1 or ctypes.get_errno())\n"
+    )
+    try:
+        first = solo.run(code.format(flags="os.O_CREAT | os.O_RDWR")).output.split()
+        second = solo.run(code.format(flags="os.O_RDONLY")).output.split()
+    finally:  # where calls shared the host's IPC namespace, the queue would be the host's
+        ctypes.CDLL(None).mq_unlink(b"/toolpolicy-test-queue")
+    assert first[1] == "True" and second[1] == str(errno.ENOENT)
+    assert os.readlink("/proc/self/ns/ipc") not in (first[0], second[0])  # (a freed namespace's number is reused)
+
+
+def test_what_a_program_writes_on_the_status_pipe_is_its_own_error(sandbox: PythonSandbox) -> None:
+    fake = json.dumps({"type": "MemoryError", "errno": None, "summary": "MemoryError"})
+    for code in ("import os; os.write(3, b'[1, 2]')", f"import os; os.write(3, {fake.encode()!r})"):
+        run = sandbox.run(code)  # once it raised TypeError (so ToolSet said infra), or claimed a MemoryError
+        assert (run.status, run.error) == ("tampered", "tool_error"), run
+        assert "status pipe" in run.observation()
+    killed = sandbox.run("import os; os.kill(os.getpid(), 40)")  # a signal without a name once raised ValueError
+    assert (killed.status, killed.reason) == ("killed", "The process was killed by signal 40.")
 
 
 def test_code_runs_without_privileges(sandbox: PythonSandbox) -> None:
@@ -483,13 +551,77 @@ def test_limits_are_validated() -> None:
 
 
 def test_classify_tells_a_hard_cpu_kill_from_a_crash() -> None:
-    plain = {"timed_out": False, "signal": 9, "exit_code": None, "exception": None, "omitted": 0}
+    plain = {"timed_out": False, "signal": 9, "exit_code": None, "exception": None, "tampered": False, "omitted": 0}
     isolation = Isolation("root", True, True, True, True)
     assert classify({**plain, "cpu_seconds": 2.0}, SandboxLimits(cpu_seconds=2), isolation)[0] == "cpu"
     assert classify({**plain, "cpu_seconds": 0.1}, SandboxLimits(cpu_seconds=2), isolation) == (
         "killed",
         "The process was killed by signal SIGKILL.",
     )
+
+
+def test_a_malformed_worker_report_is_an_infra_error() -> None:
+    good = {"output": "x", "omitted": 0, "timed_out": False, "exit_code": 1, "signal": None, "exception": None,
+            "tampered": False, "cpu_seconds": 0.1, "wall_seconds": 0.1}  # fmt: skip
+    isolation = Isolation("root", True, True, True, True, syscalls=True)
+    assert read_report(good, LIMITS, isolation).status == "exit"
+    missing = {name: value for name, value in good.items() if name != "signal"}
+    for broken in (missing, {**good, "exception": [1]}, {**good, "exception": {"type": "MemoryError"}}, {**good, "signal": "9"}):
+        run = read_report(broken, LIMITS, isolation)
+        assert (run.status, run.error) == ("infra", "infra"), broken
+
+
+def test_the_status_pipe_is_believed_only_as_the_sandbox_writes_it() -> None:
+    report = {"type": "MemoryError", "errno": None, "summary": "MemoryError"}
+    raw = json.dumps(report).encode()
+    assert judge_status(raw, 1) == (report, False)  # one report, then exit status 1: what the sandbox does
+    assert judge_status(b"", 1) == (None, False)
+    assert judge_status(raw, 0) == (None, True)  # a report, and yet a normal exit
+    assert judge_status(raw + raw, 1) == (None, True)
+    assert judge_status(b"[" * 5000 + b"]" * 5000, 1) == (None, True)  # too long, and too deep to parse
+    assert judge_status(json.dumps({**report, "errno": "12"}).encode(), 1) == (None, True)
+    assert judge_status(b"junk", None) == (None, False)  # killed: the kernel's facts decide, the pipe is not read
+
+
+def run_filter(program: bytes, number: int, arch: int, first_argument: int = 0) -> int:
+    """What seccomp would return for a system call: a classic BPF interpreter for the opcodes the filter uses."""
+    data = struct.pack("=iIQ6Q", number, arch, 0, first_argument, 0, 0, 0, 0, 0)
+    instructions = [struct.unpack_from("=HBBI", program, at) for at in range(0, len(program), 8)]
+    counter, accumulator = 0, 0
+    while True:
+        code, if_true, if_false, value = instructions[counter]
+        if code == 0x06:  # return
+            return value
+        if code == 0x20:  # load a word of seccomp_data
+            accumulator = struct.unpack_from("=I", data, value)[0]
+            counter += 1
+        elif code == 0x05:  # jump always
+            counter += 1 + value
+        else:
+            taken = {0x15: accumulator == value, 0x35: accumulator >= value, 0x45: bool(accumulator & value)}[code]
+            counter += 1 + (if_true if taken else if_false)
+
+
+def test_the_system_call_filter_decides_as_intended() -> None:
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    x86, i386, arm = 0xC000003E, 0x40000003, 0xC00000B7
+    program = syscall_filter(ARCHITECTURES["x86_64"], shared_ipc=False)
+    thread = 0x003D0F00  # CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | ... as pthread_create
+    # (system call, arch, first argument, expected): numbers from asm/unistd_64.h
+    cases = [
+        (0, x86, 0, allow), (0, i386, 0, eperm), (0x40000000 | 39, x86, 0, eperm),  # read; the i386 and x32 ABIs
+        (272, x86, 0, eperm), (308, x86, 0, eperm), (250, x86, 0, eperm), (101, x86, 0, eperm),  # unshare setns keyctl ptrace
+        (165, x86, 0, eperm), (321, x86, 0, eperm), (29, x86, 0, eperm), (319, x86, 0, eperm),  # mount bpf shmget memfd
+        (56, x86, thread, allow), (56, x86, 0x01200011, allow), (56, x86, 0x10000011, eperm),  # clone: thread, fork, NEWUSER
+        (56, x86, 0x00020011, eperm), (435, x86, 0, enosys),  # clone with CLONE_NEWNS; clone3
+        (135, x86, 0, allow), (135, x86, 0xFFFFFFFF, allow), (135, x86, 0x0040000, eperm),  # personality
+        (41, x86, 1, allow), (41, x86, 2, allow), (41, x86, 10, allow), (41, x86, 40, eperm), (41, x86, 38, eperm),  # socket
+        (240, x86, 0, allow), (59, x86, 0, allow), (57, x86, 0, allow),  # mq_open (an IPC namespace holds it), execve, fork
+    ]  # fmt: skip
+    assert [run_filter(program, *case[:3]) for case in cases] == [case[3] for case in cases]
+    assert run_filter(syscall_filter(ARCHITECTURES["x86_64"], shared_ipc=True), 240, x86) == eperm
+    arm_program = syscall_filter(ARCHITECTURES["aarch64"], shared_ipc=False)  # numbers from asm-generic/unistd.h
+    assert [run_filter(arm_program, *case) for case in [(63, arm), (97, arm), (63, x86), (220, arm, 0x10000011)]] == [allow, eperm, eperm, eperm]
 
 
 # ---------------------------------------------------------------- platforms
@@ -518,7 +650,8 @@ def test_without_namespaces_limits_and_a_clean_environment_remain() -> None:
     finally:
         os.environ.pop(SECRET_NAME, None)
     with box:
-        assert box.isolation == Isolation("none", False, False, False, os.geteuid() == 0)
+        linux = sys.platform.startswith("linux")
+        assert box.isolation == Isolation("none", False, False, False, os.geteuid() == 0, syscalls=linux)
         environment = box.run("import os; print(sorted(os.environ), os.getcwd())")
         assert SECRET_NAME not in environment.output and "/toolpolicy-sandbox-" in environment.output
         folder = environment.output.split()[-1]
@@ -577,7 +710,10 @@ def test_unprivileged_user_gets_a_user_namespace_and_no_network() -> None:
     if report["isolation"]["method"] != "user-namespace":
         pytest.skip(f"unprivileged user namespaces are not available: {report['isolation']['note']}")
     assert report["isolation"] == {"method": "user-namespace", "network": True, "filesystem": True,
-                                   "processes": True, "user": True, "note": ""}  # fmt: skip
-    assert report["output"].splitlines() == [f"refused {errno.ENETUNREACH}", f"refused {errno.EROFS}", "0 [1, 2]"]
+                                   "processes": True, "user": True, "syscalls": True, "note": ""}  # fmt: skip
+    network, writing, processes = report["output"].splitlines()
+    assert (network, writing) == (f"refused {errno.ENETUNREACH}", f"refused {errno.EROFS}")
+    uid, pids = processes.split(" ", 1)
+    assert uid == "0" and json.loads(pids)[0] == 1 and len(json.loads(pids)) == 2  # the namespace's init and the call
     assert report["bomb"] in ("timeout", "cpu")
     assert not Path("/var/tmp/toolpolicy-unprivileged-probe").exists()

@@ -60,6 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     verify_log = audit.add_parser("verify", help="check a log's hash chain, head file and signatures")
     verify_log.add_argument("log")
     verify_log.add_argument("--public-key", default=None, help="Ed25519 public key (PEM) to check signatures")
+    verify_log.add_argument("--log-id", default=None, help="the id the log must have (the id found is always printed)")
+    verify_log.add_argument(
+        "--expect-at-least", type=int, default=0, metavar="N",
+        help="fail if the log ends before seq N (the records you saw before): catches a rollback or a cut end",
+    )
+    verify_log.add_argument(
+        "--head", dest="saved_head", default=None, metavar="SAVED_HEAD",
+        help="a copy of LOG.head taken earlier: fail unless the log still holds that record, unchanged",
+    )
+    keygen = audit.add_parser("keygen", help="write a new Ed25519 key pair for signing audit logs (gate serve --key)")
+    keygen.add_argument("private_key", help="the private key file to create (PEM, readable by its owner only)")
+    keygen.add_argument("public_key", help="the public key file to write (PEM), for `audit verify --public-key`")
 
     gate = commands.add_parser("gate", help="policy gate tools").add_subparsers(dest="gate_command", required=True)
     check = gate.add_parser("check", help="print the gate's decision for one call")
@@ -82,25 +94,51 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-fsync", action="store_true", help="do not fsync each audit record (survives a killed proxy, not a power loss)")
     serve.add_argument("--recheck-seconds", type=float, default=60.0, help="re-list upstream tools before a call after this long (0: every call)")
     serve.add_argument("--call-timeout", type=float, default=60.0, help="seconds one upstream tools/call may take")
+    serve.add_argument(
+        "--max-request-bytes", type=int, default=256 * 1024, metavar="N",
+        help="deny a tools/call whose arguments are larger (JSON, UTF-8); default 256 KiB",
+    )
+    serve.add_argument(
+        "--max-result-bytes", type=int, default=1024 * 1024, metavar="N",
+        help="replace an upstream result holding more text with an error; default 1 MiB",
+    )
+    serve.add_argument(
+        "--require-approval", action="store_true",
+        help="trust no tool on first sight, not even at start: each must be approved with `gate approve`",
+    )
     serve.add_argument("upstream", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the upstream MCP server's command")
-    approve = gate.add_parser("approve", help="re-approve MCP tools whose definition changed (see `gate serve`)")
+    approve = gate.add_parser("approve", help="approve MCP tools that are new or whose definition changed (see `gate serve`)")
     approve.add_argument("--pins", required=True, help="the pins file of `gate serve`")
-    approve.add_argument("tools", nargs="*", help="tools to approve; none: list the pending changes")
-    approve.add_argument("--all", action="store_true", help="approve every pending change")
+    approve.add_argument("tools", nargs="*", help="tools to approve; none: list what awaits approval")
+    approve.add_argument("--instructions", action="store_true", help="approve the server's changed instructions")
+    approve.add_argument("--all", action="store_true", help="approve everything that awaits approval")
     return parser
 
 
 def _audit_verify(args: argparse.Namespace) -> int:
+    """Print every problem (line and seq of the record), the summary and what was not proven."""
     from toolpolicy.gate import verify
 
-    result = verify(args.log, args.public_key)
-    for warning in result.warnings:
-        print(f"warning: {warning}")
-    for problem in result.problems:
-        print(f"problem: {problem}")
-    signed = ", signatures checked" if result.signatures_checked else ""
-    print(f"{args.log}: {'OK' if result.ok else 'FAILED'}: {result.records} records{signed}")
+    try:
+        result = verify(
+            args.log, args.public_key, log_id=args.log_id, expect_at_least=args.expect_at_least, saved_head=args.saved_head
+        )
+    except ValueError as error:  # a public key file that is not an Ed25519 key
+        print(f"toolpolicy audit verify: error: {error}", file=sys.stderr)
+        return 2
+    print(result.report(args.log))
     return 0 if result.ok else 1
+
+
+def _audit_keygen(args: argparse.Namespace) -> int:
+    from toolpolicy.gate import generate_keypair
+
+    if Path(args.private_key).exists():
+        print(f"toolpolicy audit keygen: error: {args.private_key} exists; not overwriting a key", file=sys.stderr)
+        return 2
+    generate_keypair(args.private_key, args.public_key)
+    print(f"wrote {args.private_key} (private: keep it from the agent) and {args.public_key} (public)")
+    return 0
 
 
 def _gate_check(args: argparse.Namespace) -> int:
@@ -135,18 +173,27 @@ def _gate_serve(args: argparse.Namespace) -> int:
     import anyio
 
     from toolpolicy.gate import AuditError, AuditLog, Policy, PolicyError
-    from toolpolicy.proxy import PinsError, PinStore, UpstreamLost, serve
+    from toolpolicy.proxy import PinsError, PinStore, ProxySettings, UpstreamLost, serve
     from toolpolicy.tools.mcp_client import MCPConnectError, ServerCommand
 
     command = args.upstream[1:] if args.upstream[:1] == ["--"] else args.upstream
     if not command:
         raise ConfigError("give the upstream MCP server's command after --, e.g. `-- python server.py`")
+    if min(args.max_request_bytes, args.max_result_bytes) < 1:
+        raise ConfigError("--max-request-bytes and --max-result-bytes must be positive")
     upstream = ServerCommand(command[0], tuple(command[1:]), inherit_env=True)
+    settings = ProxySettings(
+        recheck_seconds=args.recheck_seconds,
+        call_timeout=args.call_timeout,
+        max_request_bytes=args.max_request_bytes,
+        max_result_bytes=args.max_result_bytes,
+        require_approval=args.require_approval,
+    )
     try:
         policy = Policy.load(args.policy)
         with AuditLog(args.audit, signing_key=args.key, durable=not args.no_fsync) as audit:
             pins = PinStore(args.pins or f"{args.audit}.pins.json")
-            anyio.run(serve, upstream, policy, audit, pins, args.recheck_seconds, args.call_timeout)
+            anyio.run(serve, upstream, policy, audit, pins, settings)
     except (PolicyError, AuditError, PinsError, MCPConnectError, UpstreamLost, OSError) as error:
         print(f"toolpolicy gate serve: error: {error}", file=sys.stderr)
         return 1
@@ -161,37 +208,24 @@ def _gate_serve(args: argparse.Namespace) -> int:
 
 
 def _gate_approve(args: argparse.Namespace) -> int:
-    """Show pending definition changes, or approve some or all of them."""
+    """Show what awaits approval (new tools, changed definitions or instructions), or approve it."""
     from toolpolicy.proxy import PinsError, PinStore
 
     store = PinStore(args.pins)
     try:
-        if not args.tools and not args.all:
+        if not args.tools and not args.all and not args.instructions:
             pending = store.pending()
-            for name, change in pending.items():
-                print(f"{name}: changed\n{_definition_change(change['before'], change['after'])}")
-            print(f"{len(pending)} tool(s) awaiting approval" + (": approve with --all or by name" if pending else ""))
+            for change in pending:
+                print(change.describe("awaiting approval"))
+            print(f"{len(pending)} awaiting approval" + (": approve with --all, by tool name or --instructions" if pending else ""))
             return 0
-        approvals = store.approve(None if args.all else list(args.tools))
+        approvals = store.approve(None if args.all else list(args.tools), instructions=args.instructions)
     except PinsError as error:
         print(f"toolpolicy gate approve: error: {error}", file=sys.stderr)
         return 1
     for approval in approvals:
-        print(f"{approval.tool}: approved\n{_definition_change(approval.before, approval.after)}")
+        print(approval.describe("approved"))
     return 0
-
-
-def _definition_change(before: dict, after: dict) -> str:
-    """What an approval changes, line by line, so the operator sees what they accept."""
-    import json
-
-    lines = []
-    if before["description"] != after["description"]:
-        lines += [f"  description was: {before['description']!r}", f"  description now: {after['description']!r}"]
-    if before["inputSchema"] != after["inputSchema"]:
-        lines.append("  input schema changed:")
-        lines += [f"    {label}: {json.dumps(side['inputSchema'], sort_keys=True)}" for label, side in (("was", before), ("now", after))]
-    return "\n".join(lines)
 
 
 def _resolve(args: argparse.Namespace) -> Config:
@@ -269,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "config":
             print(describe_fields())
         elif args.command == "audit":
-            return _audit_verify(args)
+            return _audit_keygen(args) if args.audit_command == "keygen" else _audit_verify(args)
         elif args.command == "gate" and args.gate_command == "serve":
             return _gate_serve(args)
         elif args.command == "gate" and args.gate_command == "approve":

@@ -1,7 +1,8 @@
 """Gate layer: policy files, rule evaluation, decisions, the episode ledger, the audit log.
 
 policy = Policy.load("examples/policies/workspace.yaml")
-gate = Gate(policy, toolset, audit=AuditLog("run/audit.jsonl"))
+gate = Gate(policy, toolset, audit=AuditLog("run/audit.jsonl"),
+            work_folder="/srv/agent-42")   # where the policy's work_folder (/workspace) is on this machine
 ledger = Ledger()                      # one per episode
 admission = admit(gate, ledger, call)  # allow or deny, logged once
 if admission.runs:

@@ -3,10 +3,10 @@
 The order of checks, and why:
 
 1. Unknown tool, arguments that are not plain JSON, or arguments that break the tool's
-   JSON schema: deny before any rule runs, so conditions only ever see well-formed
-   arguments of a real tool (DESIGN.md, contract 5).
-2. Limits (calls per episode, retry budget after consecutive errors): deny. A limit
-   is a forbid that no permit can override.
+   JSON schema (`format: date` included, strictly): deny before any rule runs, so
+   conditions only ever see well-formed arguments of a real tool (DESIGN.md, contract 5).
+2. Limits (calls per episode, denied ones included; retry budget after consecutive
+   errors): deny. A limit is a forbid that no permit can override.
 3. Rules, with Cedar's semantics (https://docs.cedarpolicy.com/policies/syntax-policy.html,
    "deny by default, forbid overrides permit"), plus `ask`:
    any matching forbid -> deny; else any matching ask -> ask; else any matching permit
@@ -17,6 +17,11 @@ The order of checks, and why:
 4. A condition that errors (a missing key, a type mismatch) or returns a non-boolean
    never allows. Where Cedar skips a policy that errors, we fail closed: an erroring
    forbid or ask denies, an erroring permit simply does not match.
+
+The arguments the policy's `parse` table names are parsed once per call (a path
+normalised and resolved, a command line split into an argv in a known grammar) and
+conditions read the result as `parsed`, so a rule checks the value the tool will use
+rather than one spelling of it.
 
 `Gate.evaluate` is the policy alone (it may answer "ask"). `Gate.decide` also settles an
 ask with the approver (none configured: deny) and writes the audit record, so every
@@ -30,6 +35,7 @@ import itertools
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import cel
@@ -37,7 +43,8 @@ import jsonschema
 
 from toolpolicy.gate.audit import AuditLog
 from toolpolicy.gate.ledger import Ledger, plain_json_problem
-from toolpolicy.gate.policy import ALL_TOOLS, Policy, PolicyError, Rule
+from toolpolicy.gate.paths import WorkFolder
+from toolpolicy.gate.policy import ALL_TOOLS, PARSERS, Policy, PolicyError, Rule
 from toolpolicy.gate.schema import ArgumentSchema
 from toolpolicy.types import ToolCall, ToolSpec
 
@@ -87,6 +94,9 @@ class Decision:
         return f"{text} Hint: {_sentence(self.hint)}" if self.hint else text
 
 
+Parser = Callable[[str], dict[str, Any]]
+"""One argument's parser, bound to the work folder: text -> the view conditions read."""
+
 Approver = Callable[[ToolCall, Decision], bool]
 """Settles an `ask`: gets the call and the ask decision, returns True to allow. Anything
 else, or an exception, denies. A slow approver must apply its own timeout."""
@@ -111,6 +121,14 @@ class Gate:
         enforce: False is shadow mode: callers still get every decision but run calls
             the policy denies, counting them as violations (evaluation with the gate
             off). Unknown tools and invalid arguments are refused either way.
+        work_folder: where the policy's `work_folder` is on this machine, when it is not
+            at the same path (a container's mount, a test's temporary folder); symlinks
+            in paths the policy parses are resolved there.
+
+    Whatever `strict_tool_names` says, a condition reading an argument its tools do not
+    have (`args.expresion`), or parsing one, is refused here with the rule named: it
+    would fail on every call. A schema that lists `properties` is taken to list every
+    argument unless it sets `additionalProperties` to true or a schema.
     """
 
     def __init__(
@@ -121,6 +139,7 @@ class Gate:
         audit: AuditLog | None = None,
         strict_tool_names: bool = True,
         enforce: bool = True,
+        work_folder: str | Path | None = None,
     ) -> None:
         specs = tools.specs() if hasattr(tools, "specs") else list(tools)
         self.policy = policy
@@ -133,16 +152,24 @@ class Gate:
                 self._validators[spec.name] = ArgumentSchema(spec.parameters)
             except jsonschema.SchemaError as error:
                 raise ValueError(f"tool {spec.name!r} has an invalid JSON schema: {error.message}") from None
+        problems = _unknown_arguments(policy, specs)
         if strict_tool_names:
             unknown = sorted(policy.tool_names() - set(self._validators))
-            if unknown:
-                where = {
-                    name: [f"rule {r.id!r}" for r in policy.rules if r.tools and name in r.tools] or ["limits"]
-                    for name in unknown
-                }
-                problems = [f"{', '.join(where[n])}: names unknown tool {n!r}" for n in unknown]
-                problems.append(f"(the tools are: {', '.join(sorted(self._validators)) or 'none'})")
-                raise PolicyError(policy.source, problems)
+            where = {
+                name: [f"rule {r.id!r}" for r in policy.rules if r.tools and name in r.tools]
+                or (["parse"] if name in policy.parse else ["limits"])
+                for name in unknown
+            }
+            problems += [f"{', '.join(where[n])}: names unknown tool {n!r}" for n in unknown]
+        if problems:
+            problems.append(f"(the tools are: {', '.join(sorted(self._validators)) or 'none'})")
+            raise PolicyError(policy.source, problems)
+        folder = WorkFolder(policy.work_folder, str(work_folder or "")) if policy.work_folder else None
+        self._parsers: dict[str, dict[str, Parser]] = {
+            tool: {argument: _bound(PARSERS[kind], folder) for argument, kind in table.items()}
+            for tool, table in policy.parse.items()
+            if folder is not None
+        }
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -204,7 +231,7 @@ class Gate:
             return exceeded
 
         rules = self.policy.rules_for(name)
-        context = _LazyContext(name, args, ledger, rules.variables)
+        context = _LazyContext(name, args, ledger, rules.variables, self._parsers.get(name, {}))
         forbidding, reasons = [], []
         for rule in () if _screened(rules.forbid_screen, context) else rules.forbid:
             outcome = _condition(rule, context)
@@ -250,7 +277,7 @@ class Gate:
     def _limits_exceeded(self, name: str, ledger: Ledger) -> Decision | None:
         limits = self.policy.limits
         hits: list[tuple[str, str]] = []
-        for key, used in ((name, ledger.counts.get(name, 0)), (ALL_TOOLS, ledger.total_calls)):
+        for key, used in ((name, ledger.attempts(name)), (ALL_TOOLS, ledger.total_attempts)):
             cap = limits.max_calls.get(key)
             if cap is not None and used >= cap:
                 what = f"{name} may run" if key != ALL_TOOLS else "tools may run"
@@ -296,24 +323,55 @@ class Gate:
 
 class _LazyContext:
     """The CEL context, built on first use and only from the variables the tool's rules
-    read: converting `history` costs about 10 us per entry, so it is skipped unless a
-    condition needs it. A context that cannot be built is an error for every condition."""
+    read: converting `history` costs about 10 us per entry and parsing a path touches the
+    disk, so neither happens unless a condition needs it. A context that cannot be built
+    is an error for every condition."""
 
-    __slots__ = ("_built", "_values")
+    __slots__ = ("_args", "_built", "_ledger", "_name", "_parsers", "_variables")
 
-    def __init__(self, name: str, args: dict[str, Any], ledger: Ledger, variables: frozenset[str]) -> None:
-        every = {"tool": name, "args": args, "state": ledger.facts, "history": ledger.history, "counts": ledger.counts}
-        self._values = {key: every[key] for key in variables}
+    def __init__(
+        self,
+        name: str,
+        args: dict[str, Any],
+        ledger: Ledger,
+        variables: frozenset[str],
+        parsers: dict[str, Parser],
+    ) -> None:
+        self._name, self._args, self._ledger = name, args, ledger
+        self._variables, self._parsers = variables, parsers
         self._built: Any = None
+
+    def _value(self, key: str) -> Any:
+        ledger = self._ledger
+        if key == "tool":
+            return self._name
+        if key == "args":
+            return self._args
+        if key == "parsed":
+            return {arg: parse(self._args[arg]) for arg, parse in self._parsers.items() if arg in self._args}
+        if key == "state":
+            return ledger.facts
+        if key == "history":
+            return list(ledger.history)
+        if key == "counts":
+            return ledger.counts
+        if key == "denials":
+            return ledger.denials
+        return ledger.denied_before(self._name, self._args)  # "denied_before"
 
     def get(self) -> Any:
         """A cel.Context, or a string saying why there is none."""
         if self._built is None:
+            try:
+                values = {key: self._value(key) for key in self._variables}
+            except Exception as error:  # a parser bug: fail closed, naming it
+                self._built = f"the arguments could not be parsed: {type(error).__name__}"
+                return self._built
             problem = next(
                 (
                     f"{key}: {p}"
-                    for key, value in self._values.items()
-                    if key != "args" and (p := plain_json_problem(value))
+                    for key, value in values.items()
+                    if key not in ("args", "parsed") and (p := plain_json_problem(value))
                 ),
                 None,
             )
@@ -321,10 +379,49 @@ class _LazyContext:
                 self._built = problem.replace("arguments", "values")
             else:
                 try:
-                    self._built = cel.Context(variables=self._values)
+                    self._built = cel.Context(variables=values)
                 except Exception as error:
                     self._built = f"the context could not be converted to CEL: {type(error).__name__}"
         return self._built
+
+
+def _bound(parse: Callable[[str, WorkFolder], dict[str, Any]], folder: WorkFolder) -> Parser:
+    return lambda text: parse(text, folder)
+
+
+def _unknown_arguments(policy: Policy, specs: list[ToolSpec]) -> list[str]:
+    """Problems with the arguments rules read and `parse` names, against the tools' schemas:
+    a name a tool does not have (for a "*" rule: that no tool has), a parsed argument that
+    is not a string. Tools the policy names that do not exist are left to strict_tool_names."""
+    closed = {spec.name: _declared_arguments(spec.parameters) for spec in specs}
+    problems = []
+    for rule in policy.rules:
+        for name in sorted(rule.arguments):
+            tools = [t for t in (rule.tools or closed) if t in closed]
+            lacking = [t for t in tools if closed[t] is not None and name not in closed[t]]
+            if rule.tools is None and tools and len(lacking) == len(tools):
+                problems.append(f"rule {rule.id!r}: when reads args.{name}, which no tool has")
+            elif rule.tools is not None and lacking:
+                problems.append(f"rule {rule.id!r}: when reads args.{name}, which {', '.join(lacking)} does not have")
+    schemas = {spec.name: spec.parameters for spec in specs}
+    for tool, table in policy.parse.items():
+        properties = schemas.get(tool, {}).get("properties", {}) if tool in schemas else None
+        for argument in table:
+            if properties is None:
+                continue
+            kind = properties.get(argument, {}).get("type") if isinstance(properties, dict) else None
+            if kind != "string":
+                problems.append(f"parse.{tool}.{argument}: {tool} has no string argument {argument!r}")
+    return problems
+
+
+def _declared_arguments(schema: dict[str, Any]) -> frozenset[str] | None:
+    """The argument names a tool's schema allows, or None when it allows any name."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    extra = schema.get("additionalProperties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or extra is True or isinstance(extra, dict):
+        return None
+    return frozenset(properties)
 
 
 def _screened(screen: tuple[Any, ...] | None, context: _LazyContext) -> bool:

@@ -1,17 +1,30 @@
 """The episode ledger: what the gate remembers between calls of one episode.
 
-Conditions read it as `state` (facts tools record, e.g. `user_verified`), `history`
-(every earlier call with its outcome) and `counts` (calls that ran, per tool). Limits
-read `counts` and the runs of consecutive errors. The gate only reads the ledger; the
-caller records each call's outcome after acting on the decision, so a ledger can be
-replayed from a log and `Gate.decide` stays free of side effects on it.
+Conditions read it as `state` (facts tools record, e.g. `user_verified`), `counts`
+(calls that ran, per tool), `denials` (calls the gate denied, per tool), `denied_before`
+(whether this very call, same tool and arguments, was denied earlier) and `history`
+(the most recent HISTORY_WINDOW calls with their outcomes). Limits read the attempts
+per tool (ran or denied) and the runs of consecutive errors.
+
+Every summary is kept up to date as calls are recorded, so a decision costs the same
+after 20,000 calls as after one: nothing the gate reads grows with the episode except
+the facts tools choose to record and the set of denied-call digests (16 bytes each,
+looked up, never scanned). A condition that needs to know about the whole episode
+reads a summary; `history` is a window, not the episode.
+
+The gate only reads the ledger; the caller records each call's outcome after acting
+on the decision, so a ledger can be replayed from a log and `Gate.decide` stays free of
+side effects on it.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from toolpolicy.gate.digest import canonical_json
 from toolpolicy.types import ToolCall
 
 Outcome = Literal["ok", "error", "denied"]
@@ -21,22 +34,44 @@ OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "denied")
 # around 10,000 levels; JSON decoded from model text never needs more than a few.
 MAX_NESTING = 64
 
+HISTORY_WINDOW = 16
+"""How many recent calls `history` shows conditions. Converting one entry to CEL costs about
+10 us, so the window is what bounds the price of a condition that reads `history`."""
+
+MAX_TOOL_NAMES = 256
+"""Distinct tool names `counts` and `denials` keep apart; calls to further names (only a model
+inventing tools gets there) are counted together under OTHER_TOOLS, so the maps stay small."""
+OTHER_TOOLS = "?"
+
 
 @dataclass
 class Ledger:
     """Per-episode state. Make a new one for every episode.
 
     facts: set by tools (or the environment), read by conditions as `state`.
-    history: one entry per recorded call: {"name", "args", "outcome"}, oldest first.
-    counts: tool name -> calls that ran (outcome "ok" or "error"); denied calls are in
-        history but not counted, so a denial does not use up a tool's budget.
+    counts: tool name -> calls that ran (outcome "ok" or "error").
+    denials: tool name -> calls the gate denied. Limits count attempts, counts plus
+        denials: a denied call uses up its tool's budget too, so a model cannot probe
+        the policy without end by sending calls it expects to be refused.
+    consecutive_errors: tool name (and "*" for all tools together) -> errors since that
+        tool last succeeded. A denial neither adds to nor resets a run of errors.
+    history: the last HISTORY_WINDOW recorded calls, oldest first: {"name", "args", "outcome"}.
     """
 
     facts: dict[str, Any] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
-    # tool name (and "*" for all tools together) -> errors since that tool last succeeded
+    denials: dict[str, int] = field(default_factory=dict)
     consecutive_errors: dict[str, int] = field(default_factory=dict)
+    history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOW))
+    total_calls: int = field(default=0, init=False)
+    """Calls that ran, all tools together."""
+    total_attempts: int = field(default=0, init=False)
+    """Calls recorded, ran or denied, all tools together."""
+    _denied: set[bytes] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.total_calls = sum(self.counts.values())
+        self.total_attempts = self.total_calls + sum(self.denials.values())
 
     def record(self, call: ToolCall, outcome: Outcome) -> None:
         """Remember that `call` was denied, or ran and succeeded ("ok") or failed ("error").
@@ -49,9 +84,13 @@ class Ledger:
         plain = plain_json_problem(call.arguments) is None and isinstance(call.arguments, dict)
         args: dict[str, Any] = dict(call.arguments) if plain else {"_unrepresentable": True}
         self.history.append({"name": call.name, "args": args, "outcome": outcome})
+        self.total_attempts += 1
         if outcome == "denied":
+            _count(self.denials, call.name)
+            self._denied.add(call_digest(call.name, args))
             return
-        self.counts[call.name] = self.counts.get(call.name, 0) + 1
+        _count(self.counts, call.name)
+        self.total_calls += 1
         if outcome == "ok":
             self.consecutive_errors[call.name] = 0
             self.consecutive_errors["*"] = 0
@@ -59,9 +98,27 @@ class Ledger:
             self.consecutive_errors[call.name] = self.consecutive_errors.get(call.name, 0) + 1
             self.consecutive_errors["*"] = self.consecutive_errors.get("*", 0) + 1
 
-    @property
-    def total_calls(self) -> int:
-        return sum(self.counts.values())
+    def attempts(self, name: str) -> int:
+        """Calls of tool `name` recorded so far, ran or denied: what max_calls limits."""
+        return self.counts.get(name, 0) + self.denials.get(name, 0)
+
+    def denied_before(self, name: str, arguments: Any) -> bool:
+        """Whether a call of `name` with these arguments was denied earlier this episode."""
+        return bool(self._denied) and call_digest(name, arguments) in self._denied
+
+
+def _count(table: dict[str, int], name: str) -> None:
+    key = name if name in table or len(table) < MAX_TOOL_NAMES else OTHER_TOOLS
+    table[key] = table.get(key, 0) + 1
+
+
+def call_digest(name: str, arguments: Any) -> bytes:
+    """16 bytes naming a call by tool and canonical arguments (key order does not matter)."""
+    try:
+        text = canonical_json([name, arguments])
+    except (TypeError, ValueError):  # not plain JSON: the marker `record` stores instead
+        text = canonical_json([name, {"_unrepresentable": True}])
+    return hashlib.blake2b(text.encode("ascii"), digest_size=16).digest()
 
 
 def plain_json_problem(value: Any, max_nesting: int = MAX_NESTING) -> str | None:
@@ -89,7 +146,7 @@ def plain_json_problem(value: Any, max_nesting: int = MAX_NESTING) -> str | None
                     return "arguments contain an object key that is not valid Unicode"
                 stack.append((child, depth + 1))
             continue
-        if isinstance(item, (list, tuple)):
+        if isinstance(item, (list, tuple, deque)):
             stack.extend((child, depth + 1) for child in item)
             continue
         return f"arguments contain a {type(item).__name__}, which is not JSON"

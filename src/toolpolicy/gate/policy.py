@@ -3,21 +3,37 @@
 A policy is checked completely at load, so that a typo cannot quietly disable a rule
 in the middle of a training run: unknown keys, a bad effect, a duplicate id, a CEL
 condition that does not compile or reads a variable or function that does not exist,
-a bad redaction regex, a duplicated YAML key. Every problem found is reported at once
-in one `PolicyError` that names the file, the rule id and what is wrong.
+a bad redaction regex, a duplicated YAML key, a `when:` left blank. Every problem found
+is reported at once in one `PolicyError` that names the file, the rule id and what is
+wrong. What needs the tools' schemas (an argument a condition reads that the tool does
+not have, a tool name no tool has) is checked when a Gate binds the policy to its tools.
 
     default: deny                     # what happens when no rule permits (deny if omitted)
+    work_folder: /work                # the folder paths are confined to (needed by parse)
+    parse:                            # arguments the gate parses before any rule reads them
+      read_file: {path: path}         #   path: normalised, symlinks resolved (gate/paths.py)
+      write_file: {path: path}
+      run_shell: {command: command}   #   command: an argv in a known grammar (gate/commands.py)
     rules:
       - id: no-traversal              # letters, digits, '_', '.', '-' (no ':', kept for the gate's own ids)
         effect: forbid                # permit | forbid | ask
         tools: [read_file, write_file]   # or "*" for every tool
-        when: "args.path.contains('..')" # CEL over tool, args, state, history, counts; omitted = always
+        when: "!parsed.path.inside"   # CEL; omitted = always; present but blank = a load error
         reason: paths may not leave the work folder      # required for forbid and ask
         hint: use a path under /work                     # optional fix the model is shown
     limits:
-      max_calls: {run_shell: 10, "*": 50}        # per episode; "*" counts all tools together
+      max_calls: {run_shell: 10, "*": 50}        # per episode, denied calls included; "*" = all tools
       max_consecutive_errors: {"*": 3}           # retry budget; "*" = trailing errors of any tools
     redact: ['AKIA[0-9A-Z]{16}']                 # regexes replaced by [REDACTED] in tool output
+
+Conditions read `tool`, `args`, `parsed` (the parsed arguments), `state` (facts tools
+recorded), `counts` (calls that ran, per tool), `denials` (calls denied, per tool),
+`denied_before` (this same call was denied earlier) and `history` (the last few calls;
+see gate/ledger.py). Every one of them costs the same at any point of an episode.
+
+A missing `when` means the rule always applies; `when:` written with nothing after it
+(YAML null), `when: ""` or only spaces is an error, because a condition that was meant
+and lost must not turn into "always".
 
 Conditions are compiled once here. Rules are indexed by tool name (`Policy.rules_for`),
 so a decision only looks at the rules naming its tool plus the "*" rules.
@@ -25,9 +41,10 @@ so a decision only looks at the rules naming its tool plus the "*" rules.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -36,12 +53,14 @@ from typing import Any, Literal
 import cel
 import yaml
 
+from toolpolicy.gate.commands import command_view
 from toolpolicy.gate.digest import canonical_json, sha256_hex
+from toolpolicy.gate.paths import WorkFolder, path_view
 
 Effect = Literal["permit", "forbid", "ask"]
 EFFECTS: tuple[Effect, ...] = ("permit", "forbid", "ask")
 DEFAULTS = ("allow", "deny")
-CONTEXT_VARIABLES = frozenset({"tool", "args", "state", "history", "counts"})
+CONTEXT_VARIABLES = frozenset({"tool", "args", "parsed", "state", "history", "counts", "denials", "denied_before"})
 # Type names, as in `type(args.x) == string`, are reported by the CEL binding as variables.
 CEL_TYPE_NAMES = frozenset({"bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type"})
 LIMIT_KINDS = ("max_calls", "max_consecutive_errors")
@@ -56,7 +75,10 @@ RULE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # and far above any condition a person writes.
 MAX_CONDITION_CHARS = 4000
 
-_TOP_KEYS = frozenset({"default", "rules", "limits", "redact", "description"})
+_TOP_KEYS = frozenset({"default", "rules", "limits", "redact", "description", "work_folder", "parse"})
+
+PARSERS: dict[str, Callable[[str, WorkFolder], dict[str, Any]]] = {"path": path_view, "command": command_view}
+"""What `parse:` can make of a string argument, for conditions to read as `parsed.<argument>`."""
 _RULE_KEYS = frozenset({"id", "effect", "tools", "when", "reason", "hint", "description"})
 
 # Functions the Rust-native CEL standard library of `common-expression-language` provides.
@@ -85,7 +107,9 @@ class PolicyError(ValueError):
 @dataclass(frozen=True)
 class Rule:
     """One rule. `program` is the compiled `when` (None: the rule always matches);
-    `variables` are the context variables it reads, so the gate converts only those."""
+    `variables` are the context variables it reads, so the gate converts only those;
+    `arguments` and `parsed` the names it reads as `args.X` (or args['X']) and `parsed.X`,
+    which the Gate checks against the tools' schemas and the policy's `parse` table."""
 
     id: str
     effect: Effect
@@ -95,6 +119,8 @@ class Rule:
     hint: str = ""
     program: Any = field(default=None, compare=False, repr=False)
     variables: frozenset[str] = frozenset()
+    arguments: frozenset[str] = frozenset()
+    parsed: frozenset[str] = frozenset()
 
     def applies_to(self, tool: str) -> bool:
         return self.tools is None or tool in self.tools
@@ -145,6 +171,10 @@ class Policy:
     source: str
     hash: str
     description: str = ""
+    work_folder: str = ""
+    """The folder `parse` confines paths to, as the agent writes it ("" when nothing is parsed)."""
+    parse: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """tool -> argument -> kind (a key of PARSERS): what the gate parses before the rules run."""
     _index: dict[str, ToolRules] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
@@ -190,7 +220,7 @@ class Policy:
     def tool_names(self) -> set[str]:
         """Every tool named by a rule or a limit (not "*")."""
         named = {name for rule in self.rules for name in rule.tools or ()}
-        named |= set(self.limits.max_calls) | set(self.limits.max_consecutive_errors)
+        named |= set(self.limits.max_calls) | set(self.limits.max_consecutive_errors) | set(self.parse)
         named.discard(ALL_TOOLS)
         return named
 
@@ -240,6 +270,11 @@ def _build(data: Any, source: str) -> Policy:
     rules = _rules(data.get("rules"), problems)
     limits = _limits(data.get("limits"), problems)
     patterns = _redact(data.get("redact"), problems)
+    work_folder = _work_folder(data.get("work_folder"), problems)
+    parse = _parse(data.get("parse"), problems)
+    if parse and not work_folder and "work_folder" not in data:
+        problems.append("parse needs a work_folder (the folder paths are confined to, e.g. /workspace)")
+    problems.extend(_unparsed_reads(rules, parse))
     if problems:
         raise PolicyError(source, problems)
 
@@ -260,9 +295,71 @@ def _build(data: Any, source: str) -> Policy:
         "limits": {"max_calls": dict(limits.max_calls), "max_consecutive_errors": dict(limits.max_consecutive_errors)},
         "redact": [p.pattern for p in patterns],
     }
+    if work_folder or parse:  # absent from older policies' content, so their hashes stay as they were
+        content.update(work_folder=work_folder, parse={tool: dict(table) for tool, table in parse.items()})
     return Policy(
-        default, tuple(rules), limits, tuple(patterns), source, sha256_hex(canonical_json(content)), description
+        default,
+        tuple(rules),
+        limits,
+        tuple(patterns),
+        source,
+        sha256_hex(canonical_json(content)),
+        description,
+        work_folder,
+        parse,
     )
+
+
+def _work_folder(raw: Any, problems: list[str]) -> str:
+    if raw is None:
+        return ""
+    if not isinstance(raw, str) or not raw.startswith("/") or posixpath.normpath(raw) != raw.rstrip("/") or "\x00" in raw:
+        problems.append(f"work_folder must be an absolute folder path such as /workspace, not {_show(raw)}")
+        return ""
+    return raw.rstrip("/") or "/"
+
+
+def _parse(raw: Any, problems: list[str]) -> dict[str, dict[str, str]]:
+    """The `parse` table: {tool: {argument: kind}}, every kind one of PARSERS."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.append(f"parse must map tool names to {{argument: kind}}, not {_kind(raw)}")
+        return {}
+    table: dict[str, dict[str, str]] = {}
+    for tool, arguments in raw.items():
+        if not isinstance(tool, str) or not tool.strip() or tool == ALL_TOOLS:
+            problems.append(f"parse: {_show(tool)} must be a tool name")
+            continue
+        if not isinstance(arguments, dict) or not arguments:
+            problems.append(f"parse.{tool} must map argument names to a kind ({', '.join(PARSERS)}), not {_show(arguments)}")
+            continue
+        for argument, kind in arguments.items():
+            if not isinstance(argument, str) or not argument:
+                problems.append(f"parse.{tool}: {_show(argument)} must be an argument name")
+            elif kind not in PARSERS:
+                problems.append(f"parse.{tool}.{argument}: kind {_show(kind)} must be one of {', '.join(PARSERS)}")
+            else:
+                table.setdefault(tool, {})[argument] = kind
+    return table
+
+
+def _unparsed_reads(rules: list[Rule], parse: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """A rule reading `parsed.X` for a tool that has no X in `parse` (for a "*" rule: no tool
+    has it) would fail on every call; it is refused here instead."""
+    problems = []
+    for rule in rules:
+        for name in sorted(rule.parsed):
+            if rule.tools is None:
+                if not any(name in table for table in parse.values()):
+                    problems.append(f"rule {rule.id!r}: when reads parsed.{name}, which no tool has in parse")
+                continue
+            lacking = [tool for tool in rule.tools if name not in parse.get(tool, {})]
+            if lacking:
+                problems.append(
+                    f"rule {rule.id!r}: when reads parsed.{name}, but parse gives no {name!r} for {', '.join(lacking)}"
+                )
+    return problems
 
 
 def _rules(raw: Any, problems: list[str]) -> list[Rule]:
@@ -312,7 +409,12 @@ def _rule(item: dict[Any, Any], label: str, problems: list[str]) -> Rule | None:
 
     when = item.get("when")
     program, variables = None, frozenset[str]()
-    if when is not None:
+    if "when" in item:
+        if when is None:
+            problems.append(
+                f"{label}: when is blank (YAML null); write the condition, or remove 'when' for a rule that always applies"
+            )
+            return None
         if not isinstance(when, str):
             problems.append(f"{label}: when must be a CEL expression string, not {_kind(when)} (quote it in YAML)")
             return None
@@ -322,7 +424,10 @@ def _rule(item: dict[Any, Any], label: str, problems: list[str]) -> Rule | None:
         program, variables = compiled
     if not isinstance(item.get("id"), str) or effect not in EFFECTS or tools is False:
         return None
-    return Rule(item["id"], effect, tools, when, reason or f"rule {item['id']}", hint, program, variables)
+    return Rule(
+        item["id"], effect, tools, when, reason or f"rule {item['id']}", hint, program, variables,
+        references(when or "", "args"), references(when or "", "parsed"),
+    )
 
 
 def _rule_tools(raw: Any, label: str, problems: list[str]) -> tuple[str, ...] | bool | None:
@@ -349,7 +454,7 @@ def _rule_tools(raw: Any, label: str, problems: list[str]) -> tuple[str, ...] | 
 
 def _compile_condition(source: str, label: str, problems: list[str]) -> tuple[Any, frozenset[str]] | None:
     if not source.strip():
-        problems.append(f"{label}: when is empty (omit it for a rule that always applies)")
+        problems.append(f"{label}: when is empty; write the condition, or remove 'when' for a rule that always applies")
         return None
     if len(source) > MAX_CONDITION_CHARS:
         problems.append(f"{label}: when is {len(source)} characters; the limit is {MAX_CONDITION_CHARS}")
@@ -376,6 +481,29 @@ def _compile_condition(source: str, label: str, problems: list[str]) -> tuple[An
     if unknown_vars or unknown_functions:
         return None
     return program, frozenset(program.variables()) & CONTEXT_VARIABLES
+
+
+# CEL string literals. Raw ones (r or R prefix) have no escapes; the others take \x escapes.
+_RAW_STRING = r"(?:[rR][bB]?|[bB][rR])(?:'{3}[\s\S]*?'{3}|\"{3}[\s\S]*?\"{3}|'[^'\n]*'|\"[^\"\n]*\")"
+_ESCAPED_STRING = r"[bB]?(?:'{3}(?:\\[\s\S]|[^\\])*?'{3}|\"{3}(?:\\[\s\S]|[^\\])*?\"{3}|'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")"
+_CEL_STRING = re.compile(f"(?<![A-Za-z0-9_])(?:{_RAW_STRING}|{_ESCAPED_STRING})")
+
+
+def references(source: str, variable: str) -> frozenset[str]:
+    """The field names `source` reads from `variable` as `variable.name` or `variable['name']`,
+    outside string literals; method calls and macros (`args.exists(...)`) are not fields.
+
+    >>> sorted(references("has(args.path) && args['mode'] == 'args.x' && args.exists(k, k == 'a')", "args"))
+    ['mode', 'path']
+    """
+    blanked = _CEL_STRING.sub(lambda m: '"' + " " * (len(m.group()) - 2) + '"', source)
+    names = set(re.findall(rf"(?<![\w.]){variable}\s*\.\s*([A-Za-z_]\w*)\b(?!\s*\()", blanked))
+    for match in re.finditer(rf"(?<![\w.]){variable}\s*\[\s*", blanked):
+        literal = _CEL_STRING.match(source, match.end())
+        if literal is not None and literal.group()[:1] in "'\"":
+            quotes = 3 if literal.group()[:3] in ("'''", '"""') else 1
+            names.add(literal.group()[quotes:-quotes])
+    return frozenset(names)
 
 
 SCREEN_CHUNK = 32  # conditions per screen program; keeps each OR tree shallow

@@ -1,16 +1,26 @@
 """Argument checks against a tool's JSON schema, with a fast path for simple schemas.
 
 `jsonschema` takes about 10 us per call even for `{"path": string}`, a fifth of the
-gate's latency budget (p99 <= 50 us at 100 rules, issue 3). The schemas `@tool` derives
-use only type, properties, required, additionalProperties, items and string enums, and
-for those `compile_simple` builds a plain Python check (about 1 us). Any other keyword
-sends the whole schema to `jsonschema`, and the error message always comes from
-`jsonschema`, so both paths describe a failure the same way. A hypothesis test checks
-that the fast path and `jsonschema` agree.
+gate's latency budget (p99 <= 50 us at 100 rules). The schemas `@tool` derives use only
+type, properties, required, additionalProperties, items and string enums, and for those
+`compile_simple` builds a plain Python check (about 1 us). Any other keyword sends the
+whole schema to `jsonschema`, and the error message always comes from `jsonschema`, so
+both paths describe a failure the same way. A hypothesis test checks that the fast path
+and `jsonschema` agree.
+
+`format` is asserted, not just annotated, for the formats in FORMATS: a tool that declares
+`{"type": "string", "format": "date"}` gets only strict YYYY-MM-DD past the gate, so a
+condition comparing dates and the tool using the date read the same value. Python's
+`date.fromisoformat` also takes `20250501` and `2025-W01-1`; a policy comparing the text
+`'20250501' <= '2025-06-01'` would be fooled by them. A tool with a date argument should
+parse it with `plain_date` too, so that the gate and the tool cannot disagree. Other
+formats stay annotations, as JSON Schema has them by default.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +32,56 @@ Check = Callable[[Any], bool]
 _ANNOTATIONS = frozenset(
     {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
 )
-_HANDLED = frozenset({"type", "properties", "required", "additionalProperties", "items", "enum"}) | _ANNOTATIONS
+_HANDLED = frozenset({"type", "properties", "required", "additionalProperties", "items", "enum", "format"}) | _ANNOTATIONS
+
+# ASCII digits only: `\d` would take Arabic-Indic or fullwidth digits too.
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_DATE_TIME = re.compile(
+    r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt](?P<h>[0-9]{2}):(?P<m>[0-9]{2}):(?P<s>[0-9]{2})(?:\.[0-9]{1,9})?"
+    r"(?:[Zz]|[+-](?P<oh>[0-9]{2}):(?P<om>[0-9]{2}))"
+)
+
+
+def plain_date(text: Any) -> dt.date | None:
+    """The date `text` names if it is exactly YYYY-MM-DD (RFC 3339 full-date, ASCII digits,
+    a real calendar day), else None. The one parser for `format: date`, for gate and tools.
+
+    >>> plain_date("2025-06-01"), plain_date("20250601"), plain_date("2025-W22-7"), plain_date("2025-02-30")
+    (datetime.date(2025, 6, 1), None, None, None)
+    """
+    if not isinstance(text, str) or _DATE.fullmatch(text) is None:
+        return None
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:  # 2025-02-30
+        return None
+
+
+def _is_date_time(text: str) -> bool:
+    """RFC 3339 date-time: a plain date, 'T', hh:mm:ss, optional fraction, 'Z' or an offset."""
+    match = _DATE_TIME.fullmatch(text)
+    if match is None or plain_date(match["date"]) is None:
+        return False
+    hour, minute, second = int(match["h"]), int(match["m"]), int(match["s"])
+    offset_ok = match["oh"] is None or (int(match["oh"]) < 24 and int(match["om"]) < 60)
+    return hour < 24 and minute < 60 and second <= 60 and offset_ok  # 60: a leap second
+
+
+FORMATS: dict[str, Callable[[str], bool]] = {
+    "date": lambda text: plain_date(text) is not None,
+    "date-time": _is_date_time,
+}
+"""The `format` values the gate asserts on strings (values of other types pass, as in JSON Schema)."""
+
+
+def _format_checker() -> jsonschema.FormatChecker:
+    checker = jsonschema.FormatChecker(formats=())
+    for name, test in FORMATS.items():
+        checker.checks(name)(lambda value, test=test: not isinstance(value, str) or test(value))
+    return checker
+
+
+_FORMAT_CHECKER = _format_checker()
 
 
 def _is_integer(value: Any) -> bool:
@@ -48,7 +107,7 @@ class ArgumentSchema:
     def __init__(self, schema: dict[str, Any]) -> None:
         validator_class = jsonschema.validators.validator_for(schema)
         validator_class.check_schema(schema)  # SchemaError for a schema that is not one
-        self._validator = validator_class(schema)
+        self._validator = validator_class(schema, format_checker=_FORMAT_CHECKER)
         self._fast = compile_simple(schema)
 
     @property
@@ -67,7 +126,7 @@ class ArgumentSchema:
 
 def compile_simple(schema: Any) -> Check | None:
     """A Python check equivalent to `schema`, or None when it uses anything beyond
-    type, properties, required, additionalProperties, items and string-only enums."""
+    type, properties, required, additionalProperties, items, string-only enums and format."""
     if schema is True or schema == {}:
         return lambda value: True
     if not isinstance(schema, dict) or not set(schema) <= _HANDLED:
@@ -81,6 +140,11 @@ def compile_simple(schema: Any) -> Check | None:
             return None
         tests = [_TYPES[k] for k in kinds]
         checks.append(tests[0] if len(tests) == 1 else (lambda v, tests=tests: any(t(v) for t in tests)))
+
+    if "format" in schema:
+        test = FORMATS.get(schema["format"])
+        if test is not None:  # any other format is an annotation
+            checks.append(lambda v, test=test: not isinstance(v, str) or test(v))
 
     if "enum" in schema:
         values = schema["enum"]

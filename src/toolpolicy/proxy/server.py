@@ -5,53 +5,97 @@
 An MCP host starts the proxy where it would have started CMD. The proxy starts CMD
 itself and forwards tools/list and tools/call. On every tools/call it
 
-1. re-lists the upstream tools if they may have changed (a list_changed notification,
+1. refuses arguments over `max_request_bytes` (before anything else reads them),
+2. re-lists the upstream tools if they may have changed (a list_changed notification,
    a new pins file after an approval, or `recheck_seconds` since the last listing),
-2. denies a call to a tool whose definition changed since it was pinned
-   (rule id `gate:definition_changed`, see pins.py),
-3. asks the gate (`gate.admit`, the gated call the rollout engines use too: policy
+3. denies a call to a tool the proxy does not show: one whose name is confusable
+   (names.py, `gate:suspicious_tool_name`), one that appeared after the proxy started
+   and was never approved (`gate:tool_not_approved`), one whose definition changed
+   since it was approved (`gate:definition_changed`; see pins.py),
+4. asks the gate (`gate.admit`, the gated call the rollout engines use too: policy
    rules, limits, argument schema) with one Ledger for the whole session,
-4. forwards an allowed call and redacts the policy's secret patterns from the result.
+5. forwards an allowed call, refuses a result over `max_result_bytes`, and redacts the
+   policy's secret patterns from every string of the result (results.py); an upstream
+   error message is redacted too.
 
-Every decision, the pinning denials included, is appended to the audit log once.
-A denial is an MCP tool result with isError true whose text is the gate's
-observation, so the model reads which rule denied it and why; every result carries
-the decision (effect, rule ids, the decision id of its audit record) in
-`_meta["toolpolicy/decision"]`. There is no approver in serve mode, so a rule with
-effect `ask` denies. tools/list re-lists the upstream and shows a changed tool with
-its approved definition, so the new text never reaches the model unreviewed.
+Every decision, the proxy's own denials included, is appended to the audit log once.
+A denial is an MCP tool result with isError true whose text is the gate's observation,
+so the model reads which rule denied it and why; every result carries the decision
+(effect, rule ids, the decision id of its audit record) in `_meta["toolpolicy/decision"]`.
+There is no approver in serve mode, so a rule with effect `ask` denies.
 
-The upstream runs with the proxy's whole environment (the host configured it for
-the server). Only tools are proxied: the proxy offers none of the upstream's
-resources or prompts. When the upstream exits, the proxy answers the calls in flight
-with an error and exits with status 1.
+tools/list re-lists the upstream and shows only what the model may use: a tool whose
+name is refused, one awaiting its first approval, or one the policy never allows (an
+unconditional forbid or ask, or no permit under `default: deny`) is left out; a changed
+tool keeps its approved definition, so new text never reaches the model unreviewed.
+The server's `instructions` are pinned the same way when the proxy starts.
+
+The upstream runs with the proxy's whole environment (the host configured it for the
+server). Only tools are proxied: the proxy offers none of the upstream's resources or
+prompts. When the upstream exits, the proxy answers the calls in flight with an error
+and exits with status 1.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
 import sys
-import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
-from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 
 from toolpolicy.gate import AuditError, AuditLog, Decision, Gate, Ledger, Policy, admit, settle
-from toolpolicy.proxy.pins import PinStore, definition
+from toolpolicy.proxy.names import RefusedName, refused_names
+from toolpolicy.proxy.pins import INSTRUCTIONS, PinStore, instructions_definition, tool_definition
+from toolpolicy.proxy.results import error_result, json_bytes, passed_on
+from toolpolicy.proxy.stdio import MESSAGE_TOO_LARGE, UpstreamConnection, client_stdio
 from toolpolicy.tools.mcp_client import MCPConnection, ServerCommand, failure
 from toolpolicy.types import ToolCall, ToolSpec
 
 DEFINITION_CHANGED = "gate:definition_changed"
+NOT_APPROVED = "gate:tool_not_approved"
+SUSPICIOUS_NAME = "gate:suspicious_tool_name"
+ARGUMENTS_TOO_LARGE = "gate:arguments_too_large"
 CHANGED_NOTE = " [toolpolicy: calls are denied: the server changed this tool's definition since it was approved]"
-META_KEY = "toolpolicy/decision"
 UPSTREAM_LOST_GRACE_SECONDS = 0.5
+MESSAGE_ALLOWANCE = 64 * 1024
+"""Bytes of a message beyond its payload cap (the JSON-RPC envelope, JSON escapes)."""
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """How one proxy session runs (the `gate serve` options)."""
+
+    recheck_seconds: float = 60.0
+    """Re-list the upstream tools before a call when the last listing is older than this
+    (0: before every call), to catch a server that changes a definition without notifying."""
+    call_timeout: float = 60.0
+    """Seconds an upstream tools/call may take."""
+    connect_timeout: float = 30.0
+    """Seconds the upstream may take to start and complete the MCP handshake."""
+    max_request_bytes: int = 256 * 1024
+    """A tools/call whose arguments are larger (UTF-8 JSON) is denied without being read
+    further; a client message larger than twice this is refused before it is parsed."""
+    max_result_bytes: int = 1024 * 1024
+    """An upstream result holding more text (every string, UTF-8) is replaced by an error;
+    an upstream message larger than four times this is refused before it is parsed."""
+    require_approval: bool = False
+    """Approve no tool on first sight, not even at start: every tool must be in the pins
+    file or approved with `toolpolicy gate approve`."""
+
+    @property
+    def client_message_bytes(self) -> int:
+        return 2 * self.max_request_bytes + MESSAGE_ALLOWANCE
+
+    @property
+    def upstream_message_bytes(self) -> int:
+        return 4 * self.max_result_bytes + MESSAGE_ALLOWANCE
 
 
 class UpstreamLost(RuntimeError):
@@ -60,17 +104,14 @@ class UpstreamLost(RuntimeError):
 
 class PolicyProxy:
     """The state of one proxy session: the upstream tools as last listed, which of them
-    changed, the gate built for them, and the session's ledger.
+    the proxy holds back and why, the gate built for them, and the session's ledger.
 
     Args:
         upstream: an open connection to the upstream server.
         policy: the loaded policy.
         audit: the audit log every decision is appended to.
         pins: the tool definition pins of this upstream server.
-        recheck_seconds: re-list the upstream tools before a call when the last listing
-            is older than this (0: before every call), to catch a server that changes
-            a definition without notifying.
-        call_timeout: seconds an upstream tools/call may take.
+        settings: limits and timeouts (ProxySettings).
         warn: where the proxy reports what an operator should know (stderr).
     """
 
@@ -80,91 +121,108 @@ class PolicyProxy:
         policy: Policy,
         audit: AuditLog,
         pins: PinStore,
-        recheck_seconds: float = 60.0,
-        call_timeout: float = 60.0,
+        settings: ProxySettings = ProxySettings(),
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.upstream = upstream
         self.policy = policy
         self.audit = audit
         self.pins = pins
-        self.recheck_seconds = recheck_seconds
-        self.call_timeout = call_timeout
+        self.settings = settings
         self.warn = warn or _warn
         self.ledger = Ledger()
         self.gate: Gate | None = None
         self._tools: dict[str, types.Tool] = {}
         self._seen: dict[str, dict[str, Any]] = {}  # name -> pinned part of the definition, as last listed
-        self._changed: set[str] = set()
-        self._approved: dict[str, dict[str, Any]] = {}
+        self._refused: dict[str, RefusedName] = {}
+        self._awaiting: set[str] = set()
+        self._approved: dict[str, dict[str, Any]] = {}  # changed tools: name -> approved definition
+        self._reported: set[tuple[str, str]] = set()
         self._listed_at = float("-inf")
         self._lock = anyio.Lock()
 
-    async def refresh(self, strict: bool = False) -> None:
-        """List the upstream tools, check them against the pins, rebuild the gate if
-        they differ. `strict`: a policy naming a tool the server lacks is an error
-        (PolicyError) rather than a rule that never applies."""
+    async def refresh(self, starting: bool = False) -> None:
+        """List the upstream tools, refuse confusable names, check the rest against the
+        pins, rebuild the gate if they differ. `starting`: the session's first listing,
+        whose new tools are trusted on first use (unless `require_approval`), and where a
+        policy naming a tool the server lacks is an error (PolicyError)."""
         async with self._lock:
-            listed = await self.upstream.list_tools()
-            tools = {tool.name: tool for tool in listed}
-            seen = {name: definition(tool.description, tool.input_schema) for name, tool in tools.items()}
-            changed, pins = self.pins.check(seen)
-            for name in sorted(changed - self._changed):
-                self.warn(
-                    f"the upstream server changed the definition of tool {name!r}; calls to it are denied until "
-                    f"`toolpolicy gate approve --pins {self.pins.path} {name}`"
-                )
+            tools = {tool.name: tool for tool in await self.upstream.list_tools()}
+            refused = refused_names(tools, self.pins.approved("tools"), self.policy.tool_names())
+            seen = {name: tool_definition(tool) for name, tool in tools.items() if name not in refused}
+            trust_new = starting and not self.settings.require_approval
+            awaiting, pins = self.pins.check("tools", seen, trust_new)
             if self.gate is None or seen != self._seen:  # schemas are compiled once per listing that differs
-                specs = [ToolSpec(name, tool.description or "", tool.input_schema) for name, tool in tools.items()]
-                self.gate = Gate(self.policy, specs, audit=self.audit, strict_tool_names=strict)
-            self._tools, self._seen, self._changed, self._listed_at = tools, seen, changed, time.monotonic()
-            self._approved = {name: pins[name]["definition"] for name in changed}
+                specs = [ToolSpec(name, "", _approved_schema(name, seen, pins, awaiting)) for name in seen]
+                self.gate = Gate(self.policy, specs, audit=self.audit, strict_tool_names=starting)
+            self._tools, self._seen, self._refused, self._awaiting = tools, seen, refused, awaiting
+            self._approved = {name: pins[name]["definition"] for name in awaiting if "definition" in pins[name]}
+            self._listed_at = time.monotonic()
+            self._report()
+
+    async def pinned_instructions(self, text: str | None) -> str | None:
+        """The server's instructions as the client may see them: the approved text, the
+        new text held back until approved (None when no text was ever approved)."""
+        definition = instructions_definition(text)
+        trust_new = not self.settings.require_approval
+        awaiting, pins = self.pins.check("server", {INSTRUCTIONS: definition}, trust_new)
+        if not awaiting:
+            return text
+        self.warn(
+            "the upstream server's instructions are not the approved ones; the client gets the approved ones (if any) "
+            f"until `toolpolicy gate approve --pins {self.pins.path} --instructions`"
+        )
+        approved = pins[INSTRUCTIONS].get("definition")
+        return (approved[INSTRUCTIONS] or None) if approved else None
 
     def stale(self) -> bool:
         """Whether the upstream tools must be listed again before the next call."""
         return (
             self.upstream.tools_changed
             or self.pins.modified_on_disk()
-            or time.monotonic() - self._listed_at >= self.recheck_seconds
+            or time.monotonic() - self._listed_at >= self.settings.recheck_seconds
         )
 
     async def list_tools(self) -> list[types.Tool]:
-        """The upstream tools as the client should see them: a changed tool keeps its
-        approved definition, so a new description never reaches the model unreviewed."""
+        """The upstream tools as the client should see them (see the module docstring)."""
         await self.refresh()
-        return [self._shown(tool) for tool in self._tools.values()]
+        return [self._shown(tool) for name, tool in self._tools.items() if self._visible(name)]
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """Pinning check, gate decision, forward, redact; every outcome is a result."""
+        """Size cap, pinning checks, gate decision, forward, cap and redact; every outcome is a result."""
         call = ToolCall(name, arguments)
+        size = json_bytes(arguments)
         try:
+            if size > self.settings.max_request_bytes:
+                return self._deny(call, self._too_large(name, size))
             if self.stale():
                 await self.refresh()
+        except AuditError as error:
+            self.warn(f"{error}; the call to {name!r:.60} was not run")
+            return error_result("The call was not run: the policy audit log cannot be written.")
         except Exception as error:  # fail closed: without a fresh listing the pins cannot be checked
-            problem = failure(error)[1]
+            problem = self.policy.redact(failure(error)[1])
             self.warn(f"could not re-list the upstream tools: {problem}")
-            return _error_result(f"The call was not run: the proxy could not check the MCP server's tools ({problem})")
+            return error_result(f"The call was not run: the proxy could not check the MCP server's tools ({problem})")
         try:
-            pinned = self._pinning_denial(call)
-            if pinned is not None:
-                self.audit.append(pinned, call, self.policy.hash)
-                self.ledger.record(call, "denied")
-                return _error_result(pinned.observation(), pinned)
+            held = self._held_back(call)
+            if held is not None:
+                return self._deny(call, held)
             assert self.gate is not None
             admission = admit(self.gate, self.ledger, call)
         except AuditError as error:
-            self.warn(f"{error}; the call to {name!r} was not run")
-            return _error_result("The call was not run: the policy audit log cannot be written.")
+            self.warn(f"{error}; the call to {name!r:.60} was not run")
+            return error_result("The call was not run: the policy audit log cannot be written.")
         decision = admission.decision
         if not admission.runs:
-            return _error_result(decision.observation(), decision)
+            return error_result(decision.observation(), decision)
         try:
-            result = await self.upstream.call_tool(name, arguments, self.call_timeout)
+            result = await self.upstream.call_tool(name, arguments, self.settings.call_timeout)
         except Exception as error:  # the upstream's failure, reported to the client as a tool error
             settle(self.ledger, call, ok=False)
-            return _error_result(f"MCP tool {name} failed: {failure(error)[1]}", decision)
+            return error_result(self.policy.redact(_upstream_failure(name, error)), decision)
         settle(self.ledger, call, ok=not result.is_error)
-        return redact_result(result, self.policy.redact, decision)
+        return passed_on(result, self.policy.redact, decision, self.settings.max_result_bytes)
 
     def server(self, instructions: str | None = None) -> Server[Any]:
         """The MCP server the client talks to, answering with this proxy."""
@@ -181,47 +239,109 @@ class PolicyProxy:
             "toolpolicy-proxy", instructions=instructions, on_list_tools=on_list_tools, on_call_tool=on_call_tool
         )
 
-    def _pinning_denial(self, call: ToolCall) -> Decision | None:
-        if call.name not in self._changed:
-            return None
+    def _deny(self, call: ToolCall, decision: Decision) -> types.CallToolResult:
+        """A denial of the proxy's own, logged once like the gate's."""
+        self.audit.append(decision, call, self.policy.hash)
+        self.ledger.record(call, "denied")
+        return error_result(decision.observation(), decision)
+
+    def _too_large(self, name: str, size: int) -> Decision:
+        cap = self.settings.max_request_bytes
         return Decision(
             "deny",
-            (DEFINITION_CHANGED,),
-            f"the MCP server changed the definition of {call.name} since it was approved.",
-            f"An operator must review and re-approve it: toolpolicy gate approve --pins {self.pins.path} {call.name}.",
+            (ARGUMENTS_TOO_LARGE,),
+            f"the arguments of this call to {name!r:.60} are {size:,} bytes, over the proxy's limit of {cap:,} bytes.",
+            "Send smaller arguments, or split the work into several calls.",
         )
+
+    def _held_back(self, call: ToolCall) -> Decision | None:
+        """The proxy's denial of a tool it does not show, or None."""
+        name, approve = call.name, f"toolpolicy gate approve --pins {self.pins.path} {call.name}"
+        if name in self._refused:
+            reason = f"the MCP server's tool {name!r:.60} is refused: {self._refused[name].reason}."
+            return Decision("deny", (SUSPICIOUS_NAME,), reason, "Use only the tools you were shown.")
+        if name in self._approved:
+            return Decision(
+                "deny",
+                (DEFINITION_CHANGED,),
+                f"the MCP server changed the definition of {name} since it was approved.",
+                f"An operator must review and re-approve it: {approve}.",
+            )
+        if name in self._awaiting:
+            return Decision(
+                "deny",
+                (NOT_APPROVED,),
+                f"the MCP server offered {name} after the session started, and it has not been approved.",
+                f"An operator must review and approve it: {approve}.",
+            )
+        return None
+
+    def _visible(self, name: str) -> bool:
+        held = name in self._refused or (name in self._awaiting and name not in self._approved)
+        return not held and not never_allowed(self.policy, name)
 
     def _shown(self, tool: types.Tool) -> types.Tool:
         approved = self._approved.get(tool.name)
         if approved is None:
             return tool
-        return tool.model_copy(
-            update={"description": approved["description"] + CHANGED_NOTE, "input_schema": approved["inputSchema"]}
-        )
+        shown = types.Tool.model_validate({**approved, "name": tool.name})
+        return shown.model_copy(update={"description": (shown.description or "") + CHANGED_NOTE})
+
+    def _report(self) -> None:
+        """Tell the operator, once per tool and reason, what the proxy holds back."""
+        notes = {(name, f"refused: {refused.reason}") for name, refused in self._refused.items()}
+        for name in self._awaiting:
+            kind = "changed its definition" if name in self._approved else "is new"
+            notes.add((name, f"{kind}; hidden and denied until `toolpolicy gate approve --pins {self.pins.path} {name}`"))
+        for name, note in sorted(notes - self._reported):
+            self.warn(f"upstream tool {name!r:.60} {note}")
+        self._reported |= notes
+
+
+def _approved_schema(
+    name: str, seen: dict[str, dict[str, Any]], pins: dict[str, Any], awaiting: set[str]
+) -> dict[str, Any]:
+    """The input schema the gate checks `name`'s arguments against: the approved one.
+    A tool awaiting its first approval is denied before the gate; it gets an open
+    schema, so a broken one from the server cannot fail the gate for every tool."""
+    if name not in awaiting:
+        return seen[name].get("inputSchema", {})
+    approved = pins[name].get("definition")
+    return approved.get("inputSchema", {}) if approved else {"type": "object"}
+
+
+def never_allowed(policy: Policy, name: str) -> bool:
+    """Whether no call to `name` can be allowed in serve mode, whatever its arguments:
+    an unconditional forbid or ask (there is no approver), or no permit under default deny."""
+    rules = policy.rules_for(name)
+    if any(rule.program is None for rule in (*rules.forbid, *rules.ask)):
+        return True
+    return not rules.permit and policy.default == "deny"
+
+
+def _upstream_failure(name: str, error: BaseException) -> str:
+    if isinstance(error, MCPError) and error.code == MESSAGE_TOO_LARGE:
+        return f"The result of {name} was not passed on: {error.message} (--max-result-bytes)."
+    return f"MCP tool {name} failed: {failure(error)[1]}"
 
 
 async def serve(
-    upstream: ServerCommand,
-    policy: Policy,
-    audit: AuditLog,
-    pins: PinStore,
-    recheck_seconds: float = 60.0,
-    call_timeout: float = 60.0,
-    connect_timeout: float = 30.0,
+    upstream: ServerCommand, policy: Policy, audit: AuditLog, pins: PinStore, settings: ProxySettings = ProxySettings()
 ) -> None:
     """Serve the proxy on this process's stdin/stdout until the client disconnects.
 
     Raises MCPConnectError (upstream did not start), PolicyError (the policy names a
     tool the upstream lacks) or UpstreamLost (the upstream exited while serving).
     """
-    async with MCPConnection(upstream, connect_timeout) as connection:
-        proxy = PolicyProxy(connection, policy, audit, pins, recheck_seconds, call_timeout)
-        await proxy.refresh(strict=True)
-        instructions = connection.initialize_result.instructions if connection.initialize_result else None
-        server = proxy.server(instructions)
+    connection = UpstreamConnection(upstream, settings.connect_timeout, settings.upstream_message_bytes)
+    async with connection:
+        proxy = PolicyProxy(connection, policy, audit, pins, settings)
+        await proxy.refresh(starting=True)
+        offered = connection.initialize_result.instructions if connection.initialize_result else None
+        server = proxy.server(await proxy.pinned_instructions(offered))
         async with anyio.create_task_group() as group:
             group.start_soon(_stop_when_closed, connection, group.cancel_scope)
-            async with stdio_server(stdin=StdinLines()) as (read, write):  # type: ignore[arg-type]
+            async with client_stdio(settings.client_message_bytes) as (read, write):
                 await server.run(read, write, server.create_initialization_options())
             group.cancel_scope.cancel()  # the client disconnected: stop watching the upstream
         lost = connection.closed.is_set()
@@ -235,81 +355,6 @@ async def _stop_when_closed(connection: MCPConnection, scope: anyio.CancelScope)
     await connection.closed.wait()
     await anyio.sleep(UPSTREAM_LOST_GRACE_SECONDS)
     scope.cancel()
-
-
-class StdinLines:
-    """This process's stdin as an async iterator of lines, read by a daemon thread.
-
-    The SDK's stdio server reads stdin on a worker thread that a cancellation cannot
-    abandon, so a proxy whose upstream died would have to wait for the client's next
-    line before it could exit. A daemon thread blocked in a read does not hold the exit.
-    """
-
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
-        threading.Thread(target=self._pump, name="toolpolicy-stdin", daemon=True).start()
-
-    def _pump(self) -> None:
-        """Read fd 0 directly: a daemon thread blocked inside sys.stdin's buffered reader
-        would hold its lock and abort the interpreter's shutdown."""
-        pending = b""
-        try:
-            while chunk := os.read(0, 65536):
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    self._loop.call_soon_threadsafe(self._lines.put_nowait, line.decode("utf-8", "replace"))
-            self._loop.call_soon_threadsafe(self._lines.put_nowait, None)
-        except (RuntimeError, OSError):  # the loop is closed, or stdin is: the proxy is stopping
-            return
-
-    def __aiter__(self) -> StdinLines:
-        return self
-
-    async def __anext__(self) -> str:
-        line = await self._lines.get()
-        if line is None:
-            raise StopAsyncIteration
-        return line
-
-
-def redact_result(
-    result: types.CallToolResult, redact: Callable[[str], str], decision: Decision
-) -> types.CallToolResult:
-    """The upstream result with secrets replaced in every text it carries (text blocks,
-    embedded text resources, strings in the structured content), and the decision in `_meta`."""
-    content = [_redact_block(block, redact) for block in result.content]
-    structured = _redact_value(result.structured_content, redact)
-    meta = {**(result.meta or {}), META_KEY: _decision_meta(decision)}
-    return result.model_copy(update={"content": content, "structured_content": structured, "meta": meta})
-
-
-def _redact_block(block: Any, redact: Callable[[str], str]) -> Any:
-    if isinstance(block, types.TextContent):
-        return block.model_copy(update={"text": redact(block.text)})
-    if isinstance(block, types.EmbeddedResource) and isinstance(block.resource, types.TextResourceContents):
-        return block.model_copy(update={"resource": block.resource.model_copy(update={"text": redact(block.resource.text)})})
-    return block
-
-
-def _redact_value(value: Any, redact: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, list):
-        return [_redact_value(item, redact) for item in value]
-    if isinstance(value, dict):
-        return {key: _redact_value(item, redact) for key, item in value.items()}
-    return value
-
-
-def _error_result(text: str, decision: Decision | None = None) -> types.CallToolResult:
-    meta = {META_KEY: _decision_meta(decision)} if decision is not None else None
-    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True, meta=meta)
-
-
-def _decision_meta(decision: Decision) -> dict[str, Any]:
-    """The decision as the client sees it; `decision_id` finds its audit record."""
-    return {"effect": decision.effect, "rule_ids": list(decision.rule_ids), "decision_id": decision.decision_id}
 
 
 def _warn(text: str) -> None:

@@ -14,26 +14,38 @@ What a call gets on each platform; `PythonSandbox.isolation` says which column a
               (Linux, run as root)      (Linux, not root, user    (macOS and other POSIX;
                                         namespaces allowed)       Linux refusing the
                                                                   namespaces: `note` says why)
-  network     none: a network namespace with no interface up;     the host's network
-              connect() fails, even to 127.0.0.1; no DNS
-  writing     only the working folder: every mount is read-only   wherever the call's uid
-              and nosuid; /tmp is a fresh tmpfs (folder_mb) per   may write; the working
-              call, mounted noexec and dropped after it           folder is a new folder
+  network     none: a network namespace with no interface up;     the host's network, and
+              connect() fails, even to 127.0.0.1; no DNS; no      every Unix socket the
+              abstract Unix socket of the host's                  call's uid may reach
+  files       a private root (pivot_root): the host's /usr, /bin, the host's files
+              /sbin, /lib*, /etc and the interpreter's folders,
+              read-only and nosuid; /dev holds null, zero, full,
+              random and urandom; /proc and /sys of its own
+              namespaces; /run and /var/tmp empty and read-only.
+              Nothing else of the host exists for the call: no
+              home folder, no /var, no host Unix socket
+  writing     only /tmp (the working folder) and /dev/shm: one    wherever the call's uid
+              fresh tmpfs of folder_mb per call, noexec, dropped  may write; the working
+              after it                                            folder is a new folder
                                                                   in the host's temp dir
-  reading     what nobody may read;     what the caller may       what the call's uid
-              private ancestors of the  read, except the          may read; without root,
-              interpreter (/root) are   caller's home, which is   also the environment and
-              empty but for its folders empty but for the         memory of the caller's
-                                        interpreter's folders     other processes
+  reading     what nobody may read of   what the caller may read  what the call's uid
+              the folders above         of the folders above,     may read; without root,
+                                        also through the caller's also the environment and
+                                        supplementary groups,     memory of the caller's
+                                        which it cannot drop      other processes
+                                        (`note` names them)
   processes   own PID namespace and read-only /proc: host         own session; its process
               processes are invisible; at the end every process   group is killed at the end
               of the call is killed (kill(-1) from the            (a process that calls
               namespace's process 1), even ones that left its     setsid escapes; the wall
               session                                             clock does not reach it)
+  IPC         an IPC namespace of its own per call: System V      the host's; System V IPC
+              objects and POSIX queues die with the call (the     and mq_open are denied by
+              filter denies System V IPC anyway)                  the filter (on Linux)
   user        uid/gid nobody (65534),   uid 0 of the namespace    nobody when root (as in
-              no capabilities,          (the caller outside),     the first column), else
-              no_new_privs              no capabilities,          the caller's uid, as is
-                                        no_new_privs
+              no supplementary groups,  (the caller outside),     the first column), else
+              no capabilities,          no capabilities,          the caller's uid, as is
+              no_new_privs              no_new_privs
   processes   RLIMIT_NPROC for uid      RLIMIT_NPROC counts this  root: as the first column;
   limit       nobody: one budget with   worker's namespace only   otherwise not set: only
               every other process of                              the wall clock bounds a
@@ -44,12 +56,35 @@ not enforce RLIMIT_AS); an environment of PATH, LANG, HOME, TMPDIR and PWD only 
 host's variables never reach a worker); the interpreter in isolated mode (-I); the
 wall-clock deadline; output cut to `max_output_chars`, with a note saying how much.
 
-Not covered, on any platform: there is no seccomp filter, so the kernel's whole
-system-call surface is reachable; files readable by the call's uid stay readable
-(read-only is not invisible); memory is limited per process, not per call (n
-processes may use n x memory_mb, plus folder_mb of tmpfs); /dev/shm is read-only, so
-multiprocessing's semaphores are unavailable; bubblewrap is not used, nothing beyond
-the kernel is needed. In the "none" column as root, a call runs as nobody and can
+On Linux (x86_64 and aarch64), in every column, a seccomp filter installed just before
+the code runs (`isolation.syscalls`): new namespaces (unshare, setns, clone with a
+CLONE_NEW* flag; clone3 answers ENOSYS so the C library falls back to clone), mounts,
+ptrace and the other ways into a process (process_vm_*, pidfd_getfd, kcmp), the
+keyrings, System V IPC and memfd_create (memory no rlimit counts), bpf, perf, io_uring,
+userfaultfd, kernel modules, kexec, reboot, swap, the clock, iopl/ioperm, personality
+flags other than the usual, and sockets other than Unix, IP and netlink (AF_VSOCK
+reaches a VM's host whatever the network namespace) fail with EPERM, an ordinary
+PermissionError. System calls of another ABI (i386 through int 0x80, x32) are denied.
+
+How a call ended rests on what the worker saw itself: the exit status, the signal,
+the CPU time, the wall clock. The exception type comes from the call's own process,
+on a pipe the code can reach: it is believed only as the sandbox writes it (one
+well-formed report, then exit status 1), and anything else on that pipe makes the
+call "tampered", a tool_error. A program can still claim any exception it could raise
+(MemoryError included); it cannot make its failure look like a success, a timeout or
+the sandbox's fault, and a malformed report never makes `run` raise.
+
+Not covered, on any platform: the filter is a deny list, so the rest of the kernel's
+system-call surface is reachable; files readable by the call's uid in the folders it
+sees stay readable (read-only is not invisible), and those folders are bound whole
+(a socket inside /usr or /etc would be reachable; none belongs there); memory is
+limited per process, not per call (n processes may use n x memory_mb, plus folder_mb
+of tmpfs), and memory the kernel holds for a call (pipe and socket buffers) is not
+counted: there is no memory cgroup. In a user namespace the caller's supplementary
+groups stay in effect: an unprivileged process cannot drop them, so start the host
+without them where that matters. bubblewrap is not used, nothing beyond the kernel is
+needed; an architecture without a system-call table here (not x86_64 or aarch64)
+gets the "none" column. In the "none" column as root, a call runs as nobody and can
 import only what nobody can read (a Python under /root is not covered without a mount
 namespace); otherwise it runs as the worker's uid and can kill its worker, which is
 reported as an infra error. Windows is not supported.
@@ -57,7 +92,7 @@ reported as an infra error. Windows is not supported.
 CPU time and the wall clock are reported differently on purpose. A busy loop hits
 the CPU limit first (`cpu_seconds` < `wall_seconds`): that is the code's fault, a
 "tool_error". A wall-clock timeout means the code waited (sleep, a blocked read) or
-the machine was too loaded to run it: a "timeout".
+the machine was too loaded to run it: status "timeout", still the code's tool_error.
 """
 
 from __future__ import annotations
@@ -78,7 +113,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from toolpolicy.tools.decorator import Tool, tool
-from toolpolicy.tools.sandbox_worker import remove_folder
+from toolpolicy.tools.sandbox_worker import remove_folder, valid_exception
 from toolpolicy.types import ErrorKind, ToolResult
 
 WORKER_FILE = Path(__file__).with_name("sandbox_worker.py")
@@ -89,11 +124,17 @@ SHUTDOWN_SECONDS = 1.0  # close() waits this long for workers to exit on their o
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 WORK_FOLDER = "/tmp"
 
-Status = Literal["ok", "exception", "exit", "timeout", "cpu", "memory", "file_size", "killed", "infra"]
+Status = Literal["ok", "exception", "exit", "timeout", "cpu", "memory", "file_size", "killed", "tampered", "infra"]
 # A wall-clock timeout is the code's doing (it slept, blocked or spun), so the model sees
 # it as its own tool error and RL can penalise it; only a broken worker is "infra".
 _ERROR_KINDS: dict[str, ErrorKind | None] = {"ok": None, "infra": "infra"}
 _NO_NETWORK_ERRNOS = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EADDRNOTAVAIL}
+# The fields of a worker's report of a call, and their types.
+REPORT_FIELDS: dict[str, tuple[type, ...]] = {
+    "output": (str,), "omitted": (int,), "timed_out": (bool,), "exit_code": (int, type(None)),
+    "signal": (int, type(None)), "exception": (dict, type(None)), "tampered": (bool,),
+    "cpu_seconds": (int, float), "wall_seconds": (int, float),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -132,13 +173,19 @@ class Isolation:
     network: bool
     """No network at all: a network namespace with no interface up."""
     filesystem: bool
-    """The host's files are read-only and the working folder is a private tmpfs."""
+    """A private root: only the host's system and interpreter folders, read-only; a fresh tmpfs per call
+    at /tmp and /dev/shm; no host socket, home folder or other file is reachable."""
     processes: bool
-    """A PID namespace with its own /proc: host processes are invisible, every process of a call dies with it."""
+    """A PID namespace with its own /proc, and an IPC namespace per call: host processes are invisible,
+    every process of a call dies with it, and so does every System V object or message queue it made."""
     user: bool
     """The code runs without privileges: as nobody, or with no capabilities in a user namespace."""
+    syscalls: bool = False
+    """A seccomp filter denies what a program has no use for: new namespaces, mounts, ptrace, keyrings,
+    System V IPC, bpf, perf, kernel modules... (EPERM, an ordinary error)."""
     note: str = ""
-    """Why namespaces were unavailable, when they were."""
+    """What the isolation lacks here, in words: why namespaces or the filter were unavailable,
+    or the supplementary groups a user namespace keeps."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +252,7 @@ class PythonSandbox:
         except WorkerError as error:
             self.close()
             raise RuntimeError(f"the Python sandbox could not start: {error}") from error
-        self.isolation = min(isolations, key=lambda each: (each.network, each.filesystem, each.processes))
+        self.isolation = min(isolations, key=lambda each: (each.network, each.filesystem, each.processes, each.syscalls))
         for worker in started:
             self._idle.put(worker)
         self.tool: Tool = self._make_tool(name)
@@ -327,10 +374,10 @@ class Worker:
         """The isolation the worker reports once it has set itself up."""
         message = self._read(timeout)
         fields = message.get("isolation")
-        if not isinstance(fields, dict):
-            raise WorkerError(f"the worker started with an unexpected message: {str(message)[:200]}")
-        return Isolation(fields["method"], fields["network"], fields["filesystem"], fields["processes"],
-                         fields["user"], fields.get("unavailable", ""))  # fmt: skip
+        try:
+            return Isolation(**fields)
+        except TypeError:  # not a dict, or not the fields of one
+            raise WorkerError(f"the worker started with an unexpected message: {str(message)[:200]}") from None
 
     def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         try:
@@ -364,9 +411,12 @@ class Worker:
                 raise WorkerError("the worker's reply is too large")
         line, self._pending = self._pending.split(b"\n", 1)
         try:
-            return json.loads(line)
-        except ValueError:
-            raise WorkerError(f"the worker answered something that is not JSON: {line[:200]!r}") from None
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            message = None
+        if not isinstance(message, dict):
+            raise WorkerError(f"the worker answered something that is not a JSON object: {line[:200]!r}")
+        return message
 
     def kill(self) -> None:
         """Kill the worker's process group; its namespace, and every call in it, dies with it.
@@ -406,7 +456,10 @@ class Worker:
 
 
 def read_report(report: dict[str, Any], limits: SandboxLimits, isolation: Isolation) -> SandboxRun:
-    """A worker's report of one call, classified and explained."""
+    """A worker's report of one call, classified and explained; an infra failure if it is malformed."""
+    problem = report_problem(report)
+    if problem:
+        return infra_run(f"the worker's report {problem}")
     status, reason = classify(report, limits, isolation)
     return SandboxRun(
         status=status,
@@ -420,10 +473,25 @@ def read_report(report: dict[str, Any], limits: SandboxLimits, isolation: Isolat
     )
 
 
+def report_problem(report: dict[str, Any]) -> str:
+    """What is wrong with a worker's report of a call, or "" if every field is there with its type."""
+    for name, types in REPORT_FIELDS.items():
+        if name not in report or not isinstance(report[name], types):
+            return f"has no valid {name!r}"
+    if report["exception"] is not None and not valid_exception(report["exception"]):
+        return "has a malformed 'exception'"
+    return ""
+
+
 def classify(report: dict[str, Any], limits: SandboxLimits, isolation: Isolation) -> tuple[Status, str]:
     """How a call ended and the one line the model should read about it.
 
-    >>> plain = {"timed_out": False, "signal": None, "exit_code": 0, "exception": None, "cpu_seconds": 0.01, "omitted": 0}
+    Whose fault it was rests on what the worker saw itself: the wall clock, the exit
+    status, the signal, the CPU time. The exception is the program's own word, and a
+    program that wrote to the sandbox's status pipe is told so, whatever it wrote.
+
+    >>> plain = {"timed_out": False, "signal": None, "exit_code": 0, "exception": None, "tampered": False,
+    ...          "cpu_seconds": 0.01, "omitted": 0}
     >>> classify({**plain, "signal": 24, "exit_code": None}, SandboxLimits(cpu_seconds=2), Isolation("none", *[False] * 4))
     ('cpu', 'CPU time limit of 2 s exceeded; the process was killed.')
     """
@@ -433,6 +501,8 @@ def classify(report: dict[str, Any], limits: SandboxLimits, isolation: Isolation
         return "timeout", f"Timed out after {limits.wall_seconds:g} s wall clock; {killed}."
     if signal_number == signal.SIGXCPU or (signal_number == signal.SIGKILL and report["cpu_seconds"] >= limits.cpu_seconds):
         return "cpu", f"CPU time limit of {limits.cpu_seconds} s exceeded; the process was killed."
+    if report["tampered"]:
+        return "tampered", "The program wrote to the sandbox's status pipe itself, so how it ended is not reported."
     if signal_number == signal.SIGXFSZ or (exception and exception["errno"] == errno.EFBIG):
         return "file_size", f"File size limit of {limits.file_size_mb} MB exceeded."
     if exception and exception["type"] == "MemoryError":
@@ -440,7 +510,7 @@ def classify(report: dict[str, Any], limits: SandboxLimits, isolation: Isolation
     if exception:
         return "exception", exception_hint(exception, report["omitted"] > 0, limits, isolation)
     if signal_number is not None:
-        return "killed", f"The process was killed by signal {signal.Signals(signal_number).name}."
+        return "killed", f"The process was killed by signal {signal_name(signal_number)}."
     if report["exit_code"]:
         return "exit", f"The program exited with status {report['exit_code']}."
     return "ok", ""
@@ -457,6 +527,14 @@ def exception_hint(exception: dict[str, Any], output_cut: bool, limits: SandboxL
     elif number == errno.ENOSPC:
         lines.append(f"The working folder is full ({limits.folder_mb} MB).")
     return "\n".join(lines)
+
+
+def signal_name(number: int) -> str:
+    """SIGSEGV for 11; the number itself for a signal without a name (the real-time ones)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def infra_run(detail: str) -> SandboxRun:

@@ -8,6 +8,13 @@ every stay starts at CHECK_IN_HOUR, so a booking starting tomorrow is 27 hours a
 database hashes like the reference run's. Free text the model writes (message
 bodies, hand-over summaries) and auto-increment ids are left out of the hash, so
 two runs that did the same things in other words hash the same.
+
+`reschedules` logs every date change (the dates before and after). It is there for the
+policy, not the reward: it lets the tools tell the gate the dates a booking had before
+it was first moved and whether it was ever within the free-cancellation window, so that
+moving a late booking out and then cancelling it is not a free cancellation. It is left
+out of the hash: the bookings row already holds the outcome, and a run that reached the
+goal dates in two moves reached the goal.
 """
 
 from __future__ import annotations
@@ -37,9 +44,13 @@ CREATE TABLE payments (id TEXT PRIMARY KEY, booking_id TEXT NOT NULL REFERENCES 
 CREATE TABLE refunds (id INTEGER PRIMARY KEY, booking_id TEXT NOT NULL REFERENCES bookings, amount INTEGER NOT NULL);
 CREATE TABLE messages (id INTEGER PRIMARY KEY, guest_id TEXT NOT NULL REFERENCES guests, text TEXT NOT NULL);
 CREATE TABLE handoffs (id INTEGER PRIMARY KEY, guest_id TEXT NOT NULL REFERENCES guests, summary TEXT NOT NULL);
+CREATE TABLE reschedules (
+    id INTEGER PRIMARY KEY, booking_id TEXT NOT NULL REFERENCES bookings,
+    old_check_in TEXT NOT NULL, old_check_out TEXT NOT NULL, new_check_in TEXT NOT NULL, new_check_out TEXT NOT NULL);
 """
 
 # The columns each table contributes to the canonical hash (None: all of them, in schema order).
+# Tables not listed (reschedules) do not contribute.
 HASHED_COLUMNS: dict[str, tuple[str, ...] | None] = {
     "guests": None,
     "rooms": None,

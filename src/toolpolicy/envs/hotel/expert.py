@@ -64,7 +64,7 @@ def _broken(task: Task, plan: list[dict[str, Any]], rng: random.Random) -> list[
         check_in, check_out = info["new_dates"]
         return [*head, call("reschedule", booking=bid, start=check_in, end=check_out),
                 say(f"Done, {bid} is moved.")]
-    # skip verification (on handoff tasks that breaks no rule: handing over needs no identity)
+    # skip verification (a handoff too: it files a case on the guest's account, verify-first covers it)
     return [s for s in plan if not _is_call(s, "verify", "lookup")]
 
 

@@ -12,20 +12,29 @@ ours and ends the episode as an infrastructure error.
 Facts recorded, for the policy's conditions (examples/policies/hotel.yaml):
     verified_guest: "G12"                 after `verify` succeeds
     guest_bookings: ["B307", "B311"]      that guest's bookings, also from `verify`
-    booking_B307: {guest, status, hours, insured, paid, refunded}
-                                          from `bookings`, `read` and every write on it
+    booking_B307: {guest, status, hours, insured, paid, refunded, first_hours, least_hours,
+                   reschedules}           from `bookings`, `read` and every write on it
+The booking facts describe the booking's whole history in the database, not just its
+present: `first_hours` is the time to the check-in it had before it was first moved,
+`least_hours` the least time to any check-in it has had, `reschedules` how often it was
+moved, `refunded` every refund so far. A policy that read only the present could be
+walked around in steps (move a late booking out, then cancel it for free).
+
+Dates are typed at the boundary: `reschedule` declares `format: date`, which the gate
+asserts as strict YYYY-MM-DD, and parses them with the same function (`plain_date`), so
+the date a policy condition compares and the date written to the database are the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import sqlite3
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 from toolpolicy.envs.hotel.database import hours_until, nights, room_is_free
+from toolpolicy.gate.schema import plain_date
 from toolpolicy.tools import Tool, ToolError, ToolSet, tool
 from toolpolicy.types import ToolResult
 
@@ -38,14 +47,18 @@ def booking_facts(connection: sqlite3.Connection, booking_id: str) -> dict[str, 
     row = connection.execute(
         "SELECT guest_id, status, check_in, insured, "
         "(SELECT COALESCE(SUM(amount), 0) FROM payments WHERE booking_id = b.id), "
-        "(SELECT COALESCE(SUM(amount), 0) FROM refunds WHERE booking_id = b.id) FROM bookings b WHERE id = ?",
+        "(SELECT COALESCE(SUM(amount), 0) FROM refunds WHERE booking_id = b.id), "
+        "(SELECT old_check_in FROM reschedules WHERE booking_id = b.id ORDER BY id LIMIT 1), "
+        "(SELECT MIN(old_check_in) FROM reschedules WHERE booking_id = b.id), "
+        "(SELECT COUNT(*) FROM reschedules WHERE booking_id = b.id) FROM bookings b WHERE id = ?",
         (booking_id,),
     ).fetchone()
     if row is None:
         raise KeyError(f"no booking {booking_id}")
-    guest, status, check_in, insured, paid, refunded = row
+    guest, status, check_in, insured, paid, refunded, first, earliest, moves = row
     return {"guest": guest, "status": status, "hours": hours_until(check_in), "insured": bool(insured),
-            "paid": paid, "refunded": refunded}
+            "paid": paid, "refunded": refunded, "first_hours": hours_until(first or check_in),
+            "least_hours": hours_until(min(earliest or check_in, check_in)), "reschedules": moves}
 
 
 def booking_line(connection: sqlite3.Connection, booking_id: str) -> str:
@@ -62,10 +75,15 @@ def booking_line(connection: sqlite3.Connection, booking_id: str) -> str:
 
 
 def _date(text: str) -> str:
-    try:
-        return dt.date.fromisoformat(text).isoformat()
-    except ValueError:
-        raise ToolError(f"{text!r} is not a date like 2025-06-10") from None
+    """`text` if it is a date written YYYY-MM-DD, the one spelling the gate lets through
+    (`format: date`); ToolError otherwise, so the tool never reads a date the gate did not."""
+    if plain_date(text) is None:
+        raise ToolError(f"{text!r} is not a date like 2025-06-10")
+    return text
+
+
+DATE_ARGUMENTS = {"reschedule": ("start", "end")}
+"""Arguments declared `format: date` in the tools' schemas."""
 
 
 SQLITE_INTEGERS = range(-(2**63), 2**63)
@@ -86,9 +104,20 @@ def make_tools(connection: sqlite3.Connection) -> ToolSet:
 
 @lru_cache(maxsize=1)
 def _described() -> dict[str, Tool]:
-    """Every desk tool's spec and argument model, from the functions' hints and docstrings."""
-    return {fn.__name__: tool(effect="write" if fn.__name__ in WRITES else "read")(fn)
+    """Every desk tool's spec and argument model, from the functions' hints and docstrings,
+    with the date arguments marked `format: date` for the gate's schema check."""
+    return {fn.__name__: _dated(tool(effect="write" if fn.__name__ in WRITES else "read")(fn))
             for fn in desk_functions(None)}
+
+
+def _dated(described: Tool) -> Tool:
+    names = DATE_ARGUMENTS.get(described.name, ())
+    if not names:
+        return described
+    parameters = dict(described.spec.parameters)
+    parameters["properties"] = {name: {**schema, "format": "date"} if name in names else schema
+                                for name, schema in parameters["properties"].items()}
+    return dataclasses.replace(described, spec=dataclasses.replace(described.spec, parameters=parameters))
 
 
 def desk_functions(connection: sqlite3.Connection | None) -> list[Callable[..., Any]]:
@@ -183,6 +212,8 @@ def desk_functions(connection: sqlite3.Connection | None) -> list[Callable[..., 
         if not room_is_free(db, room, start, end, besides=booking):
             raise ToolError(f"room {room} is taken on those dates")
         total = rate * nights(start, end)
+        db.execute("INSERT INTO reschedules (booking_id, old_check_in, old_check_out, new_check_in, new_check_out) "
+                   "SELECT id, check_in, check_out, ?, ? FROM bookings WHERE id = ?", (start, end, booking))
         db.execute("UPDATE bookings SET check_in = ?, check_out = ?, total = ? WHERE id = ?",
                    (start, end, total, booking))
         db.commit()
