@@ -23,11 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).parent.parent
-JOBS = {
-    "calc": (ROOT / "src" / "toolpolicy" / "configs" / "demo.yaml", ROOT / "checkpoints" / "calc-sft"),
-    "hotel": (ROOT / "src" / "toolpolicy" / "configs" / "hotel.yaml", ROOT / "checkpoints" / "hotel-sft"),
-}
+from rl_jobs import JOBS, ROOT  # bench/ is on the path of a script run from it
 
 
 def run(env: str, backend: str, steps: int, threads: int, work: Path) -> dict:

@@ -22,11 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).parent.parent
-JOBS = {
-    "calc": (ROOT / "src" / "toolpolicy" / "configs" / "demo.yaml", ROOT / "checkpoints" / "calc-sft"),
-    "hotel": (ROOT / "src" / "toolpolicy" / "configs" / "hotel.yaml", ROOT / "checkpoints" / "hotel-sft"),
-}
+from rl_jobs import JOBS, ROOT  # bench/ is on the path of a script run from it
 
 
 def run(env: str, processes: int, threads: int, steps: int, work: Path) -> dict:

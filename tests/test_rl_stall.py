@@ -60,8 +60,8 @@ def test_rl_with_no_reward_signal_stops_and_keeps_its_run_folder(untrained: Path
 def test_a_step_with_a_signal_starts_the_count_again(untrained: Path, tmp_path: Path, monkeypatch) -> None:
     sampled = rl.sample_groups
 
-    def signal_on_step_2(pool, rubric, credit, sampling, step: int) -> rl.StepRollouts:
-        rollouts = sampled(pool, rubric, credit, sampling, step)
+    def signal_on_step_2(pool, rubric, credit, sampling, step: int, first=None) -> rl.StepRollouts:
+        rollouts = sampled(pool, rubric, credit, sampling, step, first)
         second = step == 1  # steps count from 0 here, from 1 in the metrics
         return replace(rollouts, signal=torch.full_like(rollouts.signal, second), groups=torch.full_like(rollouts.groups, second))
 

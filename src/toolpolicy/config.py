@@ -114,6 +114,13 @@ class Config(BaseModel):
     from (seed, step, refill round, episode), so its samples do not depend on how the step's
     episodes are split across processes. torchrun with more than one process needs episode;
     hf only (a vLLM request seed is not used)."""
+    max_staleness: int = Field(0, ge=0)
+    """Async RL: the first rollout round of step t + k is sampled while step t trains, by a
+    copy of the policy in a thread of its own that takes the new weights after each step, so
+    a step's episodes may come from weights up to k updates old (logged as `staleness`).
+    The update's pi_old is each episode's own sampling log-probs, so the clipped ratio
+    corrects for the lag. 0 is synchronous (today's results, exactly). hf backend, one
+    process, no ray_rollout_workers."""
     ray_rollout_workers: int = Field(0, ge=0)
     """RL rollouts on this many Ray actors, each with its own copy of the policy, backend,
     environment, gate and audit log (RUN_DIR/audit.workerN.jsonl), fed the weights after
@@ -287,6 +294,11 @@ class Config(BaseModel):
     def _sampling_streams_fit(self) -> Config:
         if self.sampling_streams == "episode" and self.backend != "hf":
             raise ValueError(f"sampling_streams: episode needs backend hf (got {self.backend}): vLLM does not take a seed per request")
+        if self.max_staleness and (self.backend != "hf" or self.ray_rollout_workers or self.rollout_correction == "tis"):
+            raise ValueError(
+                "max_staleness > 0 needs backend hf, no ray_rollout_workers and rollout_correction none or auto "
+                "(pi_old must be the sampler's own log-probs)"
+            )
         if self.ray_rollout_workers and (self.sampling_streams != "episode" or self.lora_rank):
             raise ValueError(
                 "ray_rollout_workers needs sampling_streams: episode (each worker samples its share of the step's "

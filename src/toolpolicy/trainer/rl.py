@@ -21,9 +21,10 @@ Token ids stay exactly as sampled and tool output is masked out of the loss.
 
 from __future__ import annotations
 
+import copy
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,7 +53,7 @@ from toolpolicy.trainer.credit import (
     update_mask,
 )
 from toolpolicy.trainer.distributed import World
-from toolpolicy.trainer.rollouts import LocalRollouts, RayRollouts, Rollouts, open_engine
+from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine
 
 REFILL_SEED_STRIDE = 100_000_007  # refill rounds draw tasks far from every step's own seed
 
@@ -106,18 +107,27 @@ class StepRollouts:
     refill_rounds: int
 
 
-def sample_groups(rollouts: Rollouts, rubric: Rubric, credit: Credit, sampling: Sampling, step: int) -> StepRollouts:
+def submit_round(rollouts: Rollouts, sampling: Sampling, step: int, refill: int) -> Pending:
+    """Start the episodes of one round of `step`: group_size per task, groups contiguous."""
+    tasks = rollouts.env.tasks("train", sampling.prompts, seed=train_seed(sampling.seed, step, refill))
+    episodes = [task for task in tasks for _ in range(sampling.group_size)]
+    seeds = [episode_seed(sampling.seed, step, refill, i) for i in range(len(episodes))] if sampling.episode_streams else None
+    return rollouts.submit(episodes, seeds, sampling.group_size)
+
+
+def sample_groups(
+    rollouts: Rollouts, rubric: Rubric, credit: Credit, sampling: Sampling, step: int, first: Pending | None = None
+) -> StepRollouts:
     """Roll out group_size episodes per task and score them. With dynamic sampling, draw
     more tasks while fewer than `sampling.prompts` groups carry a signal for the credit
-    (DAPO's refill, at most `refill_rounds` rounds), then keep the first of those."""
+    (DAPO's refill, at most `refill_rounds` rounds), then keep the first of those.
+    `first`: the step's first round, already submitted (async RL)."""
     size = sampling.group_size
     trajectories: list[Trajectory] = []
     scores: list[Score] = []
     for refill in range(sampling.refill_rounds + 1):
-        tasks = rollouts.env.tasks("train", sampling.prompts, seed=train_seed(sampling.seed, step, refill))
-        episodes = [task for task in tasks for _ in range(size)]
-        seeds = [episode_seed(sampling.seed, step, refill, i) for i in range(len(episodes))] if sampling.episode_streams else None
-        scored = rollouts.run(episodes, seeds, size)
+        pending = first if refill == 0 and first is not None else submit_round(rollouts, sampling, step, refill)
+        scored = pending()
         trajectories += [t for t, _ in scored]
         scores += [score for _, score in scored]
         usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
@@ -272,10 +282,10 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     """Run RL from `cfg.init_from` and return the folder of the final model (RUN_DIR/rl/final)."""
     algorithm, credit, filters = algorithm_of(require_init_from(cfg))
     processes = World.requested()
-    if processes > 1 and (cfg.sampling_streams != "episode" or cfg.ray_rollout_workers or cfg.lora_rank):
+    if processes > 1 and (cfg.sampling_streams != "episode" or cfg.ray_rollout_workers or cfg.lora_rank or cfg.max_staleness):
         raise ConfigError(
             f"{processes} processes need sampling_streams: episode (else each would draw its episodes from its own "
-            "generator, so the run would depend on the process count), no ray_rollout_workers and no lora_rank"
+            "generator, so the run would depend on the process count), no ray_rollout_workers, lora_rank or max_staleness"
         )
     correction = correction_of(cfg)
     recompute = FULL_SEQUENCES if cfg.gradient_checkpointing else SHARED_PROMPTS  # no KV cache to share then
@@ -304,8 +314,11 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         pool = RayRollouts(cfg, str(checkpoint or cfg.init_from), run_dir, restored.audit_seqs, resume)
     else:
         name = "" if world.main else f"rank{world.rank}"
-        engine = open_engine(cfg, policy, sampler, run_dir, name, restored.audit_seq_of(world.rank), resume)
-        pool = LocalRollouts(engine, build_rubric(cfg, engine.env.default_rewards), world)
+        # Async: the rollouts sample from a copy of the policy, in a thread, while the trainer updates its own.
+        sampling_policy = replace(policy, model=copy.deepcopy(model).eval()) if cfg.max_staleness else policy
+        engine = open_engine(cfg, sampling_policy, sampler, run_dir, name, restored.audit_seq_of(world.rank), resume)
+        sampler_model = sampling_policy.model if cfg.max_staleness else None
+        pool = LocalRollouts(engine, build_rubric(cfg, engine.env.default_rewards), world, sampler_model)
     rubric = build_rubric(cfg, pool.env.default_rewards)
     success = REWARD_FUNCTIONS[pool.env.success_reward]
     log = MetricsLog(run_dir / "metrics.jsonl")
@@ -313,13 +326,20 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         log.rewind("rl", start)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 
+    ahead: deque[tuple[int, Pending]] = deque()  # submitted first rounds of the next steps, with their weights' version
+    updates = start  # optimizer steps the trainer's weights have had (a resumed run's samplers load them)
     try:
         steps = tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps, disable=not world.main)
         for step in steps:
             began = time.perf_counter()
             counted = pool.counts()
             # 1. Rollout: group_size episodes per task, contiguous, scored; refilled if too few groups carry a signal.
-            rollouts = sample_groups(pool, rubric, credit, sampling, step)
+            # Async (max_staleness k): the first rounds of steps up to step + k are already being sampled.
+            while len(ahead) <= cfg.max_staleness and step + len(ahead) < cfg.rl_steps:
+                ahead.append((updates, submit_round(pool, sampling, step + len(ahead), 0)))
+            version, first = ahead.popleft()
+            staleness = updates - version  # optimizer steps the first round's sampler had not seen
+            rollouts = sample_groups(pool, rubric, credit, sampling, step, first)
             trajectories = rollouts.trajectories
             rollout_time = time.perf_counter() - began
 
@@ -345,6 +365,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 update = update_metrics(world.reduce_stats(sums, UPDATE_MAXIMA), totals.tokens, reference is not None)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
                 optimizer.step()
+                updates += 1
                 pool.sync(model)  # a sampler with its own copy of the weights gets the new ones
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
@@ -355,6 +376,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record.update({"kept_groups": int(rollouts.groups.sum()), "signal_groups": signal_groups})
             record["trained_episodes"] = len(order)
             record.update({"refill_rounds": rollouts.refill_rounds, "grad_norm": grad_norm, "lr": lr})
+            record["staleness"] = staleness
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
             record.update({f"tokens/{kind}": n for kind, n in (pool.counts() - counted).items()})
             record.update(memory_metrics(model, optimizer))

@@ -22,6 +22,8 @@ record, and a resumed run cuts each log back to it before replaying the steps af
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,18 +42,22 @@ from toolpolicy.types import Task
 AUDIT_START = "audit_start_seq"  # RUN_DIR/rl/: an audit log's last record before RL's first step
 
 Scored = list[tuple[Trajectory, Score]]
+Pending = Callable[[], Scored]
+"""A submitted round of episodes: call it to wait for them."""
 
 
 class Rollouts(Protocol):
     env: Env
     """The environment, for the step's tasks and its success reward."""
 
-    def run(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Scored:
-        """One scored episode per task (groups contiguous), all of them, in order."""
+    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Pending:
+        """Start one scored episode per task (groups contiguous); the result holds all of
+        them, in order. A round sees the weights of every `sync` called before it."""
         ...
 
     def sync(self, model: torch.nn.Module) -> None:
-        """The samplers take `model`'s new weights (after an optimizer step)."""
+        """The samplers take `model`'s new weights (after an optimizer step), once the rounds
+        submitted before have been sampled."""
         ...
 
     def counts(self) -> Counter[str]:
@@ -97,19 +103,41 @@ def score_all(engine: RolloutEngine, rubric: Any, tasks: list[Task], seeds: list
 
 
 class LocalRollouts:
-    """This process's engine; under torchrun, this rank's share of the groups, then all of them."""
+    """This process's engine; under torchrun, this rank's share of the groups, then all of them.
 
-    def __init__(self, engine: RolloutEngine, rubric: Any, world: World) -> None:
-        self.engine, self.rubric, self.world = engine, rubric, world
+    Synchronous by default: a round runs when it is submitted. With a `sampler` (async RL,
+    `max_staleness` > 0) the engine samples from that copy of the policy in a thread of its
+    own, one round after another, while the trainer updates its model; `sync` copies the
+    new weights in after the rounds already submitted, so a round sees exactly the updates
+    made before it was submitted."""
+
+    def __init__(self, engine: RolloutEngine, rubric: Any, world: World, sampler: torch.nn.Module | None = None) -> None:
+        self.engine, self.rubric, self.world, self.sampler = engine, rubric, world, sampler
         self.env = engine.env
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="rollout") if sampler is not None else None
 
-    def run(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Scored:
+    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Pending:
         groups = self.world.share(len(tasks) // group_size)
         mine = slice(groups.start * group_size, groups.stop * group_size)
-        return self.world.gather(score_all(self.engine, self.rubric, tasks[mine], seeds[mine] if seeds else None))
+
+        def run() -> Scored:
+            return score_all(self.engine, self.rubric, tasks[mine], seeds[mine] if seeds else None)
+
+        if self.thread is None:
+            scored = self.world.gather(run())
+            return lambda: scored
+        return self.thread.submit(run).result
 
     def sync(self, model: torch.nn.Module) -> None:
-        self.engine.backend.sync(model)
+        if self.thread is None:
+            self.engine.backend.sync(model)
+            return
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # as of now, not of when it runs
+        self.thread.submit(self._load, state)
+
+    def _load(self, state: dict[str, torch.Tensor]) -> None:
+        self.sampler.load_state_dict(state)
+        self.engine.backend.sync(self.sampler)
 
     def counts(self) -> Counter[str]:
         return self.world.sum_counts(Counter(self.engine.backend.counts))
@@ -118,6 +146,8 @@ class LocalRollouts:
         return self.world.gather([last_seq(self.engine)])
 
     def close(self) -> None:
+        if self.thread is not None:
+            self.thread.shutdown(cancel_futures=True)
         self.engine.close()
 
 
@@ -170,11 +200,11 @@ class RayRollouts:
         ray.get([w.counts.remote() for w in self.workers])  # built (or their error raised) before the first step
         self.env = build_env(cfg)
 
-    def run(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Scored:
+    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Pending:
         shares = [World(k, len(self.workers)).share(len(tasks) // group_size) for k in range(len(self.workers))]
         parts = [slice(s.start * group_size, s.stop * group_size) for s in shares]
         pending = [w.run.remote(tasks[p], seeds[p] if seeds else None) for w, p in zip(self.workers, parts)]
-        return [pair for part in self.ray.get(pending) for pair in part]
+        return lambda: [pair for part in self.ray.get(pending) for pair in part]
 
     def sync(self, model: torch.nn.Module) -> None:
         state = self.ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
