@@ -38,10 +38,6 @@ def test_readme_demo_table_is_the_published_eval():
     assert_readme_shows("demo")
 
 
-HOTEL_RL_MISSING = not all(p.is_file() for p in summary_paths("hotel", RESULTS) if p.stem.startswith("rl-"))
-
-
-@pytest.mark.xfail(HOTEL_RL_MISSING, reason="hotel RL checkpoint not shipped; docs/results/hotel missing", strict=True)
 def test_readme_hotel_table_is_the_published_eval():
     assert_readme_shows("hotel")
 
