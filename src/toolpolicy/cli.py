@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="the folder to write")
     export.add_argument("--merge", action="store_true", help="fold a LoRA adapter into its base (else the adapter is written alone)")
 
+    rollouts = commands.add_parser("rollouts", help="a run's stored RL rollouts").add_subparsers(dest="rollouts_command", required=True)
+    show = rollouts.add_parser("show", help="print one step's episodes, or one episode token by token (colour: mask, advantage)")
+    show.add_argument("run_dir")
+    show.add_argument("--step", type=int, required=True, help="the RL step (1-based, as in metrics.jsonl)")
+    show.add_argument("--episode", type=int, default=None, metavar="K", help="the episode (0-based, as listed); none: list them")
+
     commands.add_parser("config", help="list every config field with its default and meaning")
 
     audit = commands.add_parser("audit", help="audit logs of gate decisions").add_subparsers(dest="audit_command", required=True)
@@ -228,6 +234,28 @@ def _gate_approve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollouts_show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from toolpolicy.report.rollout_view import run_tokenizer_file, show_episode, step_table, token_pieces
+    from toolpolicy.rollout.store import read_step
+
+    run_dir = Path(args.run_dir)
+    episodes = read_step(run_dir / "rl" / "rollouts", args.step)
+    console = Console()
+    if args.episode is None:
+        console.print(step_table(episodes))
+        return 0
+    if not 0 <= args.episode < len(episodes):
+        raise ConfigError(f"--episode {args.episode}: step {args.step} has episodes 0..{len(episodes) - 1}")
+    episode = episodes[args.episode]
+    config = run_dir / "config.yaml"
+    init_from = load_config(config, []).init_from if config.is_file() else ""
+    pieces = token_pieces(run_tokenizer_file(run_dir, init_from), episode.token_ids)
+    console.print(show_episode(episode, pieces, episodes))
+    return 0
+
+
 def _resolve(args: argparse.Namespace) -> Config:
     """The config file, or with --resume and no file, the run's own resolved config."""
     resume = getattr(args, "resume", None)
@@ -310,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             return _gate_approve(args)
         elif args.command == "gate":
             return _gate_check(args)
+        elif args.command == "rollouts":
+            return _rollouts_show(args)
         elif args.command == "report":
             from toolpolicy.report.__main__ import main as report_main
 

@@ -34,6 +34,16 @@ class Config(BaseModel):
     """Environment name: calc or hotel (see `toolpolicy.envs.ENVS`)."""
     threads: int = Field(0, ge=0)
     """torch CPU threads; 0 keeps torch's default."""
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)
+    """Trackers that get every metric besides metrics.jsonl, as PHASE/METRIC at each phase's step:
+    any of tensorboard (RUN_DIR/tensorboard), wandb (WANDB_MODE=offline keeps it local), trackio."""
+    tracker_project: str = "toolpolicy"
+    """The wandb / trackio project the run is logged under."""
+    run_name: str = ""
+    """The run's name in wandb / trackio; empty: the run folder's name."""
+    store_rollouts: bool = True
+    """Keep every RL step's episodes in RUN_DIR/rl/rollouts (Parquet: tokens, masks, log-probs,
+    advantages, rewards, events) for `toolpolicy rollouts` and the report's viewer."""
 
     # --- model -------------------------------------------------------------
     model: str = "embedded"
