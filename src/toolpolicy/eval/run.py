@@ -20,8 +20,9 @@ import torch
 from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, load_policy_model, policy_path
 from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
-from toolpolicy.rewards import REWARD_FUNCTIONS
+from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
+from toolpolicy.rollout.engine import Figures
 from toolpolicy.config import Config, ConfigError, save_config
 from toolpolicy.types import Episode, Task
 
@@ -74,6 +75,17 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
     return summary
 
 
+def running_success(success: RewardFunction) -> Figures:
+    """The evaluation bar's figure: the share of the episodes ended so far that `success`
+    scores 1 (infrastructure errors left out, as in the summary)."""
+
+    def figures(ended: list[Episode]) -> dict[str, str]:
+        counted = [e for e in ended if e.infra_error is None]
+        return {"success": f"{sum(success(e) == 1.0 for e in counted) / len(counted):.2f}"} if counted else {}
+
+    return figures
+
+
 def _trials(cfg: Config, env: Env) -> list[Task]:
     tasks = env.tasks("eval", cfg.eval_tasks, seed=cfg.eval_seed)
     return [task for task in tasks for _ in range(cfg.eval_samples)]
@@ -86,7 +98,8 @@ def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool)
     policy = load_policy_model(cfg, checkpoint)
     generator = torch.Generator().manual_seed(cfg.eval_seed)
     with build_engine(cfg, policy, generator, cfg.eval_temperature, enforce=gate) as engine:
-        trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}")
+        figures = running_success(REWARD_FUNCTIONS[engine.env.success_reward])
+        trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}", figures=figures)
     return engine.env, [(t.episode, t.response_len) for t in trajectories]
 
 
@@ -106,7 +119,8 @@ def _run_endpoint(cfg: Config, name: str, gate: bool) -> tuple[Env, list[tuple[E
     client = ChatClient(endpoint)
     try:
         with ChatEngine(env, client, episode_limits(cfg), build_gate(cfg, env, enforce=gate)) as engine:
-            rollouts = engine.run(_trials(cfg, env), progress=f"eval {name}")
+            figures = running_success(REWARD_FUNCTIONS[env.success_reward])
+            rollouts = engine.run(_trials(cfg, env), progress=f"eval {name}", figures=figures)
     finally:
         client.close()
     return env, [(r.episode, r.completion_tokens) for r in rollouts]
