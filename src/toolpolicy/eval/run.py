@@ -20,7 +20,7 @@ import torch
 from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, load_policy_model, policy_path
 from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
-from toolpolicy.rewards import REWARD_FUNCTIONS
+from toolpolicy.rewards import reward_function, term_means
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
 from toolpolicy.config import Config, ConfigError, save_config
 from toolpolicy.types import Episode, Task
@@ -55,15 +55,19 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
     else:
         env, episodes = _run_checkpoint(cfg, checkpoint, name, gate)
     rubric = build_rubric(cfg, env.default_rewards)
-    success = REWARD_FUNCTIONS[env.success_reward]
+    success = reward_function(env.success_reward)
 
-    records, rows = [], []
+    records, rows, scores = [], [], []
     for episode, tokens in episodes:
         correct = success(episode) == 1.0
+        score = rubric.score(episode)
         records.append(EpisodeRecord.from_episode(episode, correct, tokens))
-        rows.append({**episode.to_dict(), "reward": rubric.score(episode).total, "correct": correct})
+        rows.append({**episode.to_dict(), "reward": score.total, "correct": correct})
+        if episode.infra_error is None:
+            scores.append(score)
     scored = cfg.endpoint_model if cfg.endpoint_url else str(checkpoint)
     summary = {"name": name, "checkpoint": scored, "gate": gate, "policy": policy_path(cfg, env), **summarize(records)}
+    summary["rewards"] = term_means(scores)
 
     folder = out_dir / "eval"
     folder.mkdir(parents=True, exist_ok=True)
