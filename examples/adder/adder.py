@@ -28,9 +28,7 @@ class AdderEnv:
     system_prompt = "Add with the add tool. Finish with: Answer: <number>"
     default_rewards = {"correct_answer": 1.0, "adder.adder:used_add": 0.0}
     success_reward = "correct_answer"
-
-    def __init__(self) -> None:
-        self.tools = ToolSet([add])
+    tools = ToolSet([add])
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         rng = random.Random(f"adder/{split}/{seed}")
