@@ -27,18 +27,11 @@ from toolpolicy.build import build_env, episode_limits, load_policy_model
 from toolpolicy.config import load_config
 from toolpolicy.eval.export import export_episodes
 from toolpolicy.eval.run import evaluate
-from toolpolicy.trainer.demonstrations import build_embedded, demonstrations, demonstrator_scripts
+from toolpolicy.trainer.demonstrations import build_embedded, demonstrations, demonstrator_dialogue, demonstrator_scripts
 from toolpolicy.trainer.sft import train_sft
 from toolpolicy.trainer.sft_data import data_examples
 
 ROOT = Path(__file__).parent.parent
-
-
-def demonstrator_dialogue(trajectory, script):
-    """The demonstrator's whole assistant messages (also a turn the engine cut at a budget)
-    with the observations the engine produced between them."""
-    turns = iter(script)
-    return [next(turns) if m.role == "assistant" else m for m in trajectory.episode.messages]
 
 
 def main() -> None:

@@ -149,3 +149,9 @@ def test_an_environment_named_by_import_path_needs_a_demonstrator_or_data_for_sf
     cfg = load_config(None, ["env=toolpolicy.envs.calc:CalcEnv"])
     with pytest.raises(ConfigError, match=r"field 'demonstrator': environment 'toolpolicy.envs.calc:CalcEnv' has no built-in demonstrator"):
         demonstrator_for(cfg)
+
+
+def test_the_tutorial_page_shows_the_example_file_as_it_is():
+    page = (ROOT / "docs" / "environments.md").read_text()
+    assert (ROOT / "examples" / "adder" / "adder.py").read_text() in page
+    assert (ROOT / "examples" / "adder" / "policy.yaml").read_text() in page

@@ -18,7 +18,7 @@ from toolpolicy.cli import main
 from toolpolicy.config import load_config
 from toolpolicy.eval.export import export_episodes
 from toolpolicy.rollout import Limits
-from toolpolicy.trainer.demonstrations import demonstrations, demonstrator_scripts
+from toolpolicy.trainer.demonstrations import demonstrations, demonstrator_dialogue, demonstrator_scripts
 from toolpolicy.trainer.sft_data import SftDataError, data_examples, load_conversations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,19 +35,12 @@ def calc():
     return cfg, policy, demos, scripts
 
 
-def dialogue(trajectory, script):
-    """The demonstrator's dialogue: its own assistant messages (whole, also where the engine
-    cut a turn at a budget) and the observations the engine produced."""
-    turns = iter(script)
-    return [next(turns) if m.role == "assistant" else m for m in trajectory.episode.messages]
-
-
 def test_exported_demonstrations_read_back_as_the_very_same_tokens_and_mask(calc, tmp_path):
     cfg, policy, demos, scripts = calc
     assert any(d.episode.truncated for d in demos)  # the budget cuts are part of what must match
     tools = build_env(cfg).tools.specs()
     path = tmp_path / "demos.jsonl"
-    assert export_episodes(((dialogue(d, s), tools) for d, s in zip(demos, scripts)), path) == len(demos)
+    assert export_episodes(((demonstrator_dialogue(d, s), tools) for d, s in zip(demos, scripts)), path) == len(demos)
     back = data_examples(path, policy.chat, policy.encode, episode_limits(cfg))
     assert [t.token_ids for t in back] == [d.token_ids for d in demos]
     assert [t.loss_mask for t in back] == [d.loss_mask for d in demos]
@@ -131,7 +124,7 @@ def test_a_local_datasets_folder_and_parquet_file_read_as_the_jsonl(calc, tmp_pa
     datasets = pytest.importorskip("datasets")
     cfg, policy, demos, scripts = calc
     tools = build_env(cfg).tools.specs()
-    records = [chat_record(dialogue(d, s), tools) for d, s in list(zip(demos, scripts))[:40]]
+    records = [chat_record(demonstrator_dialogue(d, s), tools) for d, s in list(zip(demos, scripts))[:40]]
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
     table = datasets.Dataset.from_list(records)

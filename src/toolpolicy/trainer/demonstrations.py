@@ -25,6 +25,14 @@ def demonstrator_scripts(cfg: Config, tasks: list[Task], seed_tag: str) -> list[
     return [demonstrate(task, rng, cfg) for task in tasks]
 
 
+def demonstrator_dialogue(trajectory: Trajectory, script: list[Message]) -> list[Message]:
+    """A demonstration as the dialogue to export: the demonstrator's own assistant messages
+    (`script`, whole also where the engine cut a turn at a budget) with the observations the
+    engine produced between them. Rendered as SFT data it gives the trajectory's tokens."""
+    turns = iter(script)
+    return [next(turns) if m.role == "assistant" else m for m in trajectory.episode.messages]
+
+
 def demonstrations(
     cfg: Config,
     n: int,
