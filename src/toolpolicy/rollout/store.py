@@ -11,6 +11,7 @@ contract is about, so a run can be audited after the fact:
                             (null for an episode the update left out)
     advantages         [S]  the advantage each sampled token was trained with
     reward, components      the Rubric's total and every term's value
+    success                 the environment's success reward was 1 (what evaluation counts)
     turn_starts/ends        [start, end) of each assistant turn in token_ids
     events                  tool calls, gate denials (detail: the rules), truncation, ...
     truncated, infra_error, kept (trained this step), staleness (policy versions behind)
@@ -47,6 +48,7 @@ SCHEMA = pa.schema([
     ("trainer_logprobs", pa.list_(pa.float32())),
     ("advantages", pa.list_(pa.float32())),
     ("reward", pa.float64()),
+    ("success", pa.bool_()),
     ("components", pa.map_(pa.string(), pa.float64())),
     ("turn_starts", pa.list_(pa.int32())),
     ("turn_ends", pa.list_(pa.int32())),
@@ -76,6 +78,7 @@ class StoredEpisode:
     trainer_logprobs: list[float] | None
     advantages: list[float]
     reward: float
+    success: bool
     components: dict[str, float]
     turn_starts: list[int]
     turn_ends: list[int]
@@ -99,6 +102,7 @@ class EpisodeRecord:
 
     trajectory: Trajectory
     reward: float
+    success: bool
     components: dict[str, float]
     advantages: Sequence[float]
     """One per sampled token."""
@@ -135,6 +139,7 @@ def step_table(step: int, group_size: int, staleness: int, records: Sequence[Epi
             "trainer_logprobs": None if record.trainer_logprobs is None else list(record.trainer_logprobs),
             "advantages": list(record.advantages),
             "reward": record.reward,
+            "success": record.success,
             "components": list(record.components.items()),
             "turn_starts": [start for start, _ in t.turn_spans],
             "turn_ends": [end for _, end in t.turn_spans],

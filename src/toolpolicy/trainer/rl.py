@@ -38,7 +38,7 @@ from toolpolicy.build import build_rubric, load_policy_model, trainable_policy
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics
-from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
+from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.store import EpisodeRecord, rewind, step_table, write_step
 from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches
@@ -234,7 +234,7 @@ def update_metrics(sums: dict[str, float], total_tokens: float, with_reference: 
 
 
 def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success: RewardFunction) -> dict[str, float]:
-    """Per-step means of reward, accuracy (the share with `success` 1, as in evaluation),
+    """Per-step means of reward (and of each Rubric term, as rewards/<name>), accuracy (the share with `success` 1, as in evaluation),
     tool use and policy violations, overall and per difficulty. Episodes with an
     infrastructure error are left out of every mean and only counted (DESIGN contract 4)."""
     counted = [(t, s) for t, s in zip(trajectories, scores) if t.episode.infra_error is None]
@@ -247,6 +247,7 @@ def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success
     calls = sum(e.count("tool_call") for e in episodes)
     invalid = sum(e.count("invalid_call") for e in episodes)
     out["reward"] = sum(s.total for _, s in counted) / n
+    out.update({f"rewards/{name}": mean for name, mean in term_means([s for _, s in counted]).items()})
     out["accuracy"] = sum(solved) / n
     out["tool_calls"] = calls / n
     out["invalid_call_rate"] = invalid / max(1, calls + invalid)
@@ -338,7 +339,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         sampler_model = sampling_policy.model if cfg.max_staleness else None
         pool = LocalRollouts(engine, build_rubric(cfg, engine.env.default_rewards), world, sampler_model)
     rubric = build_rubric(cfg, pool.env.default_rewards)
-    success = REWARD_FUNCTIONS[pool.env.success_reward]
+    success = reward_function(pool.env.success_reward)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 
     ahead: deque[tuple[int, Pending]] = deque()  # submitted first rounds of the next steps, with their weights' version
@@ -397,7 +398,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record["staleness"] = staleness
             if store is not None:
                 stored = time.perf_counter()
-                records = step_records(rollouts, advantages, keep, recomputed)
+                records = step_records(rollouts, advantages, keep, recomputed, success)
                 write_step(store, step + 1, step_table(step + 1, cfg.group_size, staleness, records))
                 record["time/store"] = time.perf_counter() - stored
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
@@ -435,12 +436,13 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
 
 
 def step_records(
-    rollouts: StepRollouts, advantages: Tensor, keep: Tensor, recomputed: dict[int, list[float]]
+    rollouts: StepRollouts, advantages: Tensor, keep: Tensor, recomputed: dict[int, list[float]], success: RewardFunction
 ) -> list[EpisodeRecord]:
     """What the rollout store keeps of each of the step's episodes."""
     return [
         EpisodeRecord(
-            t, score.total, score.components, sampled_advantages(advantages, i, t), recomputed.get(i), bool(keep[i])
+            t, score.total, success(t.episode) == 1.0, score.components, sampled_advantages(advantages, i, t),
+            recomputed.get(i), bool(keep[i]),
         )
         for i, (t, score) in enumerate(zip(rollouts.trajectories, rollouts.scores))
     ]

@@ -3,6 +3,8 @@
 Demonstrations are replayed through the rollout engine (`demonstrations.py`),
 so SFT trains on exactly the token framing RL will sample in, and the loss mask
 is the engine's: assistant tokens only, never the prompt or tool output.
+Conversations from a file (`sft_data`, `sft_data.py`) are cut into the same
+fragments, with the same mask.
 
     toolpolicy sft CONFIG [--set key=value ...] [--resume RUN_DIR]
 """
@@ -24,8 +26,8 @@ from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
+from toolpolicy.trainer.demonstrations import build_embedded, sft_examples
 from toolpolicy.trainer.trackers import open_trackers
-from toolpolicy.trainer.demonstrations import build_embedded, demonstrations
 
 
 def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
@@ -75,7 +77,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     checkpoint = latest_checkpoint(phase_dir) if resume else None
     policy = trainable_policy(cfg, checkpoint or base, phase_dir, resuming=checkpoint is not None)
     model = policy.model
-    examples = demonstrations(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
+    examples = sft_examples(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
