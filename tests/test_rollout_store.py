@@ -94,3 +94,36 @@ def test_rollouts_show_lists_a_step_and_renders_an_episode(smoke_run: Path, caps
     assert "calculator" in shown  # the tool call's tokens, decoded
     assert main(["rollouts", "show", str(smoke_run), "--step", "1", "--episode", "999"]) == 2
     assert "--episode 999" in capsys.readouterr().err
+
+
+def test_rollouts_export_writes_the_stored_successes_as_sft_data(smoke_run: Path, tmp_path: Path):
+    """Self-distillation from RL: every stored episode that succeeded (and was not truncated,
+    with no denial) comes out as a chat record, in step order, and reads back as the same
+    messages. The smoke model solves almost nothing, so a copy of its first step marks
+    every other episode solved."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from toolpolicy.trainer.sft_data import load_conversations
+
+    run = tmp_path / "run"
+    (run / "rl").mkdir(parents=True)
+    (run / "config.yaml").write_text((smoke_run / "config.yaml").read_text())
+    table = pq.read_table(smoke_run / "rl" / "rollouts" / "step_000001.parquet")
+    marked = pa.array([i % 2 == 0 for i in range(table.num_rows)])
+    write_step(run / "rl" / "rollouts", 1, table.set_column(table.schema.get_field_index("success"), "success", marked))
+    out = tmp_path / "sft.jsonl"
+    assert main(["rollouts", "export", str(run), "--to", str(out)]) == 0
+    expected = [
+        e.messages for e in read_step(run / "rl" / "rollouts", 1)
+        if e.success and not e.truncated and not any(ev["kind"] in ("gate_deny", "violation") for ev in e.events)
+    ]
+    assert expected
+    assert [[m.to_dict() for m in c.messages] for _, c in load_conversations(out)] == expected
+
+
+def test_stored_success_is_what_the_step_counted_as_accuracy(smoke_run: Path):
+    folder = smoke_run / "rl" / "rollouts"
+    for step, record in rl_metrics(smoke_run).items():
+        usable = [e for e in read_step(folder, step) if e.infra_error is None]
+        assert sum(e.success for e in usable) / len(usable) == pytest.approx(record["accuracy"])

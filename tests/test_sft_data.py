@@ -4,6 +4,7 @@ the CLI alone (SFT from a file, RL, evaluation, a policy file, export)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from toolpolicy.cli import main
 from toolpolicy.config import load_config
 from toolpolicy.eval.export import export_episodes
 from toolpolicy.rollout import Limits
+from toolpolicy.rollout.store import read_step, stored_steps
 from toolpolicy.trainer.demonstrations import demonstrations, demonstrator_dialogue, demonstrator_scripts
 from toolpolicy.trainer.sft_data import SftDataError, data_examples, load_conversations
 
@@ -53,11 +55,17 @@ def test_tool_results_are_masked_and_assistant_turns_trained(calc, tmp_path):
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps(chat_record(called.episode.messages, build_env(cfg).tools.specs())) + "\n")
     (example,) = data_examples(path, policy.chat, policy.encode, episode_limits(cfg))
-    trained = policy.decode([i for i, m in zip(example.token_ids, example.loss_mask) if m])
+    runs = [  # the text of each stretch of trained tokens
+        policy.decode([i for i, _ in stretch])
+        for sampled, stretch in itertools.groupby(zip(example.token_ids, example.loss_mask), key=lambda pair: pair[1])
+        if sampled
+    ]
     masked = policy.decode([i for i, m in zip(example.token_ids, example.loss_mask) if not m])
     result = next(m.content for m in called.episode.messages if m.role == "tool")
-    assert "<tool_call>" in trained and "Answer:" in trained and result not in trained
-    assert "<tool_response>" in masked and result in masked
+    assert len(runs) == sum(m.role == "assistant" for m in called.episode.messages)  # one per assistant turn
+    assert runs[0].startswith("<tool_call>") and runs[-1].startswith("Answer:")
+    assert not any("<tool_response>" in run or "<|im_start|>" in run for run in runs)
+    assert f"<tool_response>\n{result}" in masked
 
 
 GOOD = {
@@ -153,7 +161,7 @@ def test_a_conversation_longer_than_the_budget_is_cut_where_a_rollout_would_be(c
     assert one_turn.token_ids == whole.token_ids[: len(one_turn.token_ids)]
 
 
-def test_the_tutorial_environment_trains_and_evaluates_through_the_cli_alone(tmp_path):
+def test_the_tutorial_environment_trains_and_evaluates_through_the_cli_alone(tmp_path, monkeypatch):
     """examples/adder by import path: SFT from sft.jsonl, RL and evaluation under its policy
     file (`toolpolicy demo` runs the three), its own reward function reported by name, and
     the run's successful episodes exported and read back as SFT data."""
@@ -174,13 +182,16 @@ def test_the_tutorial_environment_trains_and_evaluates_through_the_cli_alone(tmp
     assert "reward used_add" in (run / "report.html").read_text()
 
     out = tmp_path / "successes.jsonl"
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))  # the run's env is adder.adder:Adder
     assert main(["rollouts", "export", str(run), "--to", str(out)]) == 0
+    folder = run / "rl" / "rollouts"
+    stored = [e.messages for step in stored_steps(folder) for e in read_step(folder, step) if e.success and not e.truncated]
     samples = [json.loads(line) for name in ("sft", "rl") for line in (run / "eval" / f"{name}_samples.jsonl").read_text().splitlines()]
-    successes = [s for s in samples if s["correct"] and not s["truncated"]]
+    successes = stored + [s["messages"] for s in samples if s["correct"] and not s["truncated"]]
     exported = load_conversations(out) if successes else []
     assert len(exported) == len(successes)
-    for (_, conversation), sample in zip(exported, successes):
-        assert [m.to_dict() for m in conversation.messages] == sample["messages"]
+    for (_, conversation), messages in zip(exported, successes):
+        assert [m.to_dict() for m in conversation.messages] == messages
         assert [t.name for t in conversation.tools] == ["add"]
 
 
@@ -202,6 +213,7 @@ def test_rollouts_export_writes_only_the_successful_episodes_of_a_run(tmp_path):
     out = tmp_path / "sft.jsonl"
     assert main(["rollouts", "export", str(tmp_path / "run"), "--to", str(out)]) == 0
     exported = load_conversations(out)
-    assert [[m.to_dict() for m in c.messages] for _, c in exported] == [samples[0]["messages"], samples[-1]["messages"]]
+    as_read = [[{**m, "content": m["content"] or ""} for m in samples[i]["messages"]] for i in (0, -1)]  # content null reads as ""
+    assert [[m.to_dict() for m in c.messages] for _, c in exported] == as_read
     assert [t.name for t in exported[0][1].tools] == ["calculator"]
     assert main(["rollouts", "export", str(tmp_path / "elsewhere"), "--to", str(out)]) == 2  # no eval samples: an error

@@ -96,8 +96,8 @@ def test_wandb_offline_run_reads_back_equal_to_metrics_jsonl(tracked_run: tuple[
                 row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
                 phase = next(k.split("/")[0] for k in row if k.endswith("/step") and not k.startswith("_"))
                 found.update({(k, row[f"{phase}/step"]): v for k, v in row.items() if not k.startswith("_") and k != f"{phase}/step"})
-            elif record.WhichOneof("record_type") == "config":
-                config.update({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.config.update})
+            elif record.WhichOneof("record_type") == "run":  # the run's start carries its config
+                config.update({item.key: json.loads(item.value_json) for item in record.run.config.update})
     expected = logged(run_dir)
     assert set(found) == set(expected)
     assert all(found[k] == pytest.approx(v) for k, v in expected.items())
