@@ -283,8 +283,17 @@ def test_each_episode_gets_its_own_session_and_its_outcome():
     backend = ScriptedBackend(scripts, TEMPLATE.render_assistant, encode)
     limits = Limits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
     env = CounterEnv()
+    seen = []  # what the progress figures saw after each turn: (task, outcome) of the ended episodes
+
+    def figures(ended):
+        seen.append([(e.task.id, dict(e.outcome)) for e in ended])
+        return {}
+
     with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits) as engine:
-        first, second, third = engine.run(env.tasks("train", 3, 0))
+        first, second, third = engine.run(env.tasks("train", 3, 0), progress="test", figures=figures)
+    # Each session is finished as its episode ends, so the bar's figures can score it.
+    assert seen[:2] == [[("t2", {})], [("t2", {}), ("t1", {"hits": 1})]]
+    assert seen[-1][-1] == ("t0", {"hits": 2})
     assert first.episode.outcome == {"hits": 2} and second.episode.outcome == {"hits": 1}
     assert [m.content for m in first.episode.messages if m.role == "user"] == ["count", "Are you sure?"]
     assert first.episode.messages[-1].content == "yes"

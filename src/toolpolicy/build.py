@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from toolpolicy.config import Config, ConfigError, save_config
-from toolpolicy.envs import Env, hotel, make_env
+from toolpolicy.envs import Env, hotel, make_env, user_factory
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, merged, store_frozen_in
@@ -38,14 +38,17 @@ def episode_limits(cfg: Config) -> Limits:
 
 
 def build_env(cfg: Config) -> Env:
-    """The environment `cfg.env`; hotel's guest is played by the served model at
-    `user_endpoint_url` when one is set, else by the scripted user."""
+    """The environment `cfg.env`, with the user simulator `cfg.user` when one is named;
+    hotel's guest is played by the served model at `user_endpoint_url` when one is set,
+    else by the scripted user."""
     if cfg.env == "hotel" and cfg.user_endpoint_url:
         endpoint = Endpoint(
             cfg.user_endpoint_url, cfg.user_endpoint_model, cfg.endpoint_api_key_env, temperature=cfg.user_temperature
         )
         client = ChatClient(endpoint)
         return hotel.HotelEnv(user=lambda task: EndpointUser(client, hotel.scenario_text(task)))
+    if cfg.user:
+        return make_env(cfg.env, user=user_factory(cfg.user))
     return make_env(cfg.env)
 
 

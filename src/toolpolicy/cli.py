@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", default=None, help="YAML config (default: the shipped demo.yaml)")
     demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
 
-    for name, text in (("sft", "SFT cold start on generated demonstrations"), ("train", "RL from `init_from`")):
+    for name, text in (("sft", "SFT cold start on generated demonstrations or on sft_data"), ("train", "RL from `init_from`")):
         sub = commands.add_parser(name, help=text)
         _with_config(sub, required=False)
         sub.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
@@ -53,6 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("source", help="a run folder (its rl/final, else sft/final) or a checkpoint folder")
     export.add_argument("--out", required=True, help="the folder to write")
     export.add_argument("--merge", action="store_true", help="fold a LoRA adapter into its base (else the adapter is written alone)")
+
+    rollouts = commands.add_parser("rollouts", help="a run's episodes").add_subparsers(dest="rollouts_command", required=True)
+    show = rollouts.add_parser("show", help="print a stored RL step's episodes, or one episode token by token (colour: mask, advantage)")
+    show.add_argument("run_dir")
+    show.add_argument("--step", type=int, required=True, help="the RL step (1-based, as in metrics.jsonl)")
+    show.add_argument("--episode", type=int, default=None, metavar="K", help="the episode (0-based, as listed); none: list them")
+    export_rollouts = rollouts.add_parser("export", help="write a run's successful episodes as SFT data (OpenAI chat JSONL)")
+    export_rollouts.add_argument("run_dir")
+    export_rollouts.add_argument("--to", dest="out", required=True, metavar="FILE", help="the JSONL file to write (sft_data reads it)")
 
     commands.add_parser("config", help="list every config field with its default and meaning")
 
@@ -228,6 +237,28 @@ def _gate_approve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollouts_show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from toolpolicy.report.rollout_view import run_tokenizer_file, show_episode, step_table, token_pieces
+    from toolpolicy.rollout.store import read_step
+
+    run_dir = Path(args.run_dir)
+    episodes = read_step(run_dir / "rl" / "rollouts", args.step)
+    console = Console()
+    if args.episode is None:
+        console.print(step_table(episodes))
+        return 0
+    if not 0 <= args.episode < len(episodes):
+        raise ConfigError(f"--episode {args.episode}: step {args.step} has episodes 0..{len(episodes) - 1}")
+    episode = episodes[args.episode]
+    config = run_dir / "config.yaml"
+    init_from = load_config(config, []).init_from if config.is_file() else ""
+    pieces = token_pieces(run_tokenizer_file(run_dir, init_from), episode.token_ids)
+    console.print(show_episode(episode, pieces, episodes))
+    return 0
+
+
 def _resolve(args: argparse.Namespace) -> Config:
     """The config file, or with --resume and no file, the run's own resolved config."""
     resume = getattr(args, "resume", None)
@@ -287,12 +318,18 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Errors that mean the input is wrong (a config, a policy, a data file, a path), not the code."""
     from toolpolicy.chat import ChatFormatError
     from toolpolicy.eval.bfcl import BfclFileError
+    from toolpolicy.eval.export import ExportError
     from toolpolicy.gate import PolicyError
     from toolpolicy.model.files import CheckpointError
     from toolpolicy.model.placement import DeviceUnavailable
     from toolpolicy.trainer.rl import TrainingStalled
+    from toolpolicy.registry import ExtensionError
+    from toolpolicy.trainer.sft_data import SftDataError
 
-    return (ConfigError, PolicyError, BfclFileError, FileNotFoundError, CheckpointError, TrainingStalled, ChatFormatError, DeviceUnavailable)
+    return (
+        ConfigError, PolicyError, BfclFileError, FileNotFoundError, CheckpointError, TrainingStalled, ChatFormatError,
+        DeviceUnavailable, SftDataError, ExportError, ExtensionError,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
             return _gate_approve(args)
         elif args.command == "gate":
             return _gate_check(args)
+        elif args.command == "rollouts" and args.rollouts_command == "show":
+            return _rollouts_show(args)
         elif args.command == "report":
             from toolpolicy.report.__main__ import main as report_main
 
@@ -332,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
             print(train_rl(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
         elif args.command == "eval":
             return _evaluate(args)
+        elif args.command == "rollouts":
+            from toolpolicy.eval.export import export_run
+
+            print(f"wrote {export_run(args.run_dir, args.out)} successful episodes to {args.out}")
         elif args.command == "export":
             from toolpolicy.model import export_model
 

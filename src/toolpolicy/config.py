@@ -31,9 +31,24 @@ class Config(BaseModel):
     seed: int = 0
     """Seed of everything random: model init, tasks, demonstrations, sampling."""
     env: str = "calc"
-    """Environment name: calc or hotel (see `toolpolicy.envs.ENVS`)."""
+    """Environment: a built-in (calc, hotel), an installed package's entry point (group
+    toolpolicy.envs) or an import path `module:Class` (`mypkg.envs:Adder`; see docs/environments.md)."""
+    user: str = ""
+    """User simulator of an environment that takes one (`user=`): a built-in (scripted), an entry
+    point (group toolpolicy.users) or an import path to a factory `(task) -> User`; empty keeps the
+    environment's own."""
     threads: int = Field(0, ge=0)
     """torch CPU threads; 0 keeps torch's default."""
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)
+    """Trackers that get every metric besides metrics.jsonl, as PHASE/METRIC at each phase's step:
+    any of tensorboard (RUN_DIR/tensorboard), wandb (WANDB_MODE=offline keeps it local), trackio."""
+    tracker_project: str = "toolpolicy"
+    """The wandb / trackio project the run is logged under."""
+    run_name: str = ""
+    """The run's name in wandb / trackio; empty: the run folder's name."""
+    store_rollouts: bool = True
+    """Keep every RL step's episodes in RUN_DIR/rl/rollouts (Parquet: tokens, masks, log-probs,
+    advantages, rewards, events) for `toolpolicy rollouts` and the report's viewer."""
 
     # --- model -------------------------------------------------------------
     model: str = "embedded"
@@ -142,8 +157,16 @@ class Config(BaseModel):
     """A finished SFT checkpoint for `toolpolicy demo` to start RL from instead of building
     and fine-tuning the embedded model; empty runs both. The shipped `checkpoints/calc-sft`
     is reproduced by `toolpolicy sft src/toolpolicy/configs/demo.yaml --set run_dir=runs/calc-sft`."""
+    sft_data: str = ""
+    """SFT on conversations from a file instead of a demonstrator: OpenAI chat format (messages
+    with tool_calls, and tools), as JSON Lines or a local Hugging Face `datasets` folder or file
+    (see docs/environments.md). Assistant turns are trained, everything else is masked."""
+    demonstrator: str = ""
+    """What writes SFT's generated dialogues: a built-in (calc, hotel), an entry point (group
+    toolpolicy.demonstrators) or an import path to a callable `(task, rng, cfg) -> [assistant
+    Message]`; empty uses the built-in of the environment's name."""
     sft_examples: int = Field(4000, ge=1)
-    """Demonstration episodes generated for SFT."""
+    """Demonstration episodes generated for SFT (with sft_data: unused)."""
     sft_steps: int = Field(500, ge=0)
     """Optimizer steps of SFT."""
     sft_batch_size: int = Field(32, ge=1)
@@ -316,21 +339,47 @@ class Config(BaseModel):
     @field_validator("env")
     @classmethod
     def _known_env(cls, name: str) -> str:
-        from toolpolicy.envs import ENVS  # here: the environments import their tools
+        from toolpolicy.envs import env_factory  # here: the environments import their tools
 
-        if name not in ENVS:
-            raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(ENVS))}")
+        env_factory(name)
+        return name
+
+    @field_validator("user")
+    @classmethod
+    def _known_user(cls, name: str) -> str:
+        from toolpolicy.envs import user_factory
+
+        if name:
+            user_factory(name)
+        return name
+
+    @field_validator("demonstrator")
+    @classmethod
+    def _known_demonstrator(cls, name: str) -> str:
+        from toolpolicy.registry import DEMONSTRATOR, resolve_callable
+        from toolpolicy.trainer.demonstrators import DEMONSTRATORS
+
+        if name:
+            resolve_callable(DEMONSTRATOR, name, DEMONSTRATORS)
         return name
 
     @field_validator("rewards")
     @classmethod
     def _known_rewards(cls, weights: dict[str, float]) -> dict[str, float]:
-        from toolpolicy.rewards import REWARD_FUNCTIONS
+        from toolpolicy.rewards import Rubric
 
-        unknown = sorted(set(weights) - set(REWARD_FUNCTIONS))
-        if unknown:
-            raise ValueError(f"unknown reward function(s) {unknown}; known: {', '.join(sorted(REWARD_FUNCTIONS))}")
+        Rubric.from_weights(weights)  # every name resolves, and no two share a reported name
         return weights
+
+    @model_validator(mode="after")
+    def _user_fits_env(self) -> Config:
+        from toolpolicy.envs import env_factory, takes_user
+
+        if self.user and self.user_endpoint_url:
+            raise ValueError("user and user_endpoint_url both name a user simulator: keep one")
+        if self.user and not takes_user(env_factory(self.env)):
+            raise ValueError(f"field 'user': environment {self.env!r} takes no user simulator (it has no `user` parameter)")
+        return self
 
     @field_validator("turn_rewards")
     @classmethod
@@ -350,7 +399,7 @@ def _format_errors(error: ValidationError, source: str) -> str:
         elif not field:  # a rule across fields: its message names them
             lines.append(f"  {item['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"  field '{field}': {item['msg']} (got {item.get('input')!r})")
+            lines.append(f"  field '{field}': {item['msg'].removeprefix('Value error, ')} (got {item.get('input')!r})")
     return "\n".join(lines)
 
 

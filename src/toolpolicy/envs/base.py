@@ -29,8 +29,8 @@ class Env(Protocol):
     system_prompt: str
     default_rewards: dict[str, float]
     success_reward: str
-    """The reward function (a REWARD_FUNCTIONS name) whose value 1.0 means the episode
-    succeeded: accuracy and pass^k count it."""
+    """The reward function (a built-in name or an import path, as in a config's `rewards`)
+    whose value 1.0 means the episode succeeded: accuracy and pass^k count it."""
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` tasks of `split`, the same for the same arguments."""

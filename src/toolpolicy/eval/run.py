@@ -20,8 +20,9 @@ import torch
 from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, load_policy_model, policy_path
 from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
-from toolpolicy.rewards import REWARD_FUNCTIONS
+from toolpolicy.rewards import RewardFunction, reward_function, term_means
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
+from toolpolicy.rollout.engine import Figures
 from toolpolicy.config import Config, ConfigError, save_config
 from toolpolicy.types import Episode, Task
 
@@ -55,15 +56,19 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
     else:
         env, episodes = _run_checkpoint(cfg, checkpoint, name, gate)
     rubric = build_rubric(cfg, env.default_rewards)
-    success = REWARD_FUNCTIONS[env.success_reward]
+    success = reward_function(env.success_reward)
 
-    records, rows = [], []
+    records, rows, scores = [], [], []
     for episode, tokens in episodes:
         correct = success(episode) == 1.0
+        score = rubric.score(episode)
         records.append(EpisodeRecord.from_episode(episode, correct, tokens))
-        rows.append({**episode.to_dict(), "reward": rubric.score(episode).total, "correct": correct})
+        rows.append({**episode.to_dict(), "reward": score.total, "correct": correct})
+        if episode.infra_error is None:
+            scores.append(score)
     scored = cfg.endpoint_model if cfg.endpoint_url else str(checkpoint)
     summary = {"name": name, "checkpoint": scored, "gate": gate, "policy": policy_path(cfg, env), **summarize(records)}
+    summary["rewards"] = term_means(scores)
 
     folder = out_dir / "eval"
     folder.mkdir(parents=True, exist_ok=True)
@@ -72,6 +77,17 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
     samples = pick_samples(rows, cfg.samples_in_report, cfg.eval_seed)
     (folder / f"{name}_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     return summary
+
+
+def running_success(success: RewardFunction) -> Figures:
+    """The evaluation bar's figure: the share of the episodes ended so far that `success`
+    scores 1 (infrastructure errors left out, as in the summary)."""
+
+    def figures(ended: list[Episode]) -> dict[str, str]:
+        counted = [e for e in ended if e.infra_error is None]
+        return {"success": f"{sum(success(e) == 1.0 for e in counted) / len(counted):.2f}"} if counted else {}
+
+    return figures
 
 
 def _trials(cfg: Config, env: Env) -> list[Task]:
@@ -86,7 +102,8 @@ def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool)
     policy = load_policy_model(cfg, checkpoint)
     generator = torch.Generator().manual_seed(cfg.eval_seed)
     with build_engine(cfg, policy, generator, cfg.eval_temperature, enforce=gate) as engine:
-        trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}")
+        figures = running_success(reward_function(engine.env.success_reward))
+        trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}", figures=figures)
     return engine.env, [(t.episode, t.response_len) for t in trajectories]
 
 
@@ -106,7 +123,8 @@ def _run_endpoint(cfg: Config, name: str, gate: bool) -> tuple[Env, list[tuple[E
     client = ChatClient(endpoint)
     try:
         with ChatEngine(env, client, episode_limits(cfg), build_gate(cfg, env, enforce=gate)) as engine:
-            rollouts = engine.run(_trials(cfg, env), progress=f"eval {name}")
+            figures = running_success(reward_function(env.success_reward))
+            rollouts = engine.run(_trials(cfg, env), progress=f"eval {name}", figures=figures)
     finally:
         client.close()
     return env, [(r.episode, r.completion_tokens) for r in rollouts]

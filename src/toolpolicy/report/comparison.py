@@ -197,13 +197,25 @@ def coverage_note(before: dict[str, Any] | None, after: dict[str, Any] | None, k
 
 
 def detail_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
-    """The rest of an eval summary: truncation, length, infrastructure errors, sample size."""
-    return [
+    """The rest of an eval summary: each Rubric term's mean (custom reward functions by
+    their names), truncation, length, infrastructure errors, sample size."""
+    return reward_rows(before, after) + [
         Row("truncated rate", metric(before, "truncated_rate"), metric(after, "truncated_rate"), "rate", -1),
         Row("tokens/episode", metric(before, "tokens_per_episode"), metric(after, "tokens_per_episode"), "count"),
         Row("infra errors", metric(before, "infra_errors"), metric(after, "infra_errors"), "integer"),
         Row("episodes (n)", metric(before, "n"), metric(after, "n"), "integer"),
     ]
+
+
+def reward_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[Row]:
+    """One row per Rubric term either summary reports under "rewards" (its mean per episode).
+
+    >>> [(r.label, r.after) for r in reward_rows(None, {"rewards": {"exact_sum": 0.5}})]
+    [('reward exact_sum', 0.5)]
+    """
+    tables = [(summary or {}).get("rewards") or {} for summary in (before, after)]
+    names = dict.fromkeys(name for table in tables if isinstance(table, dict) for name in table)
+    return [Row(f"reward {name}", metric(tables[0], name), metric(tables[1], name), "count") for name in names]
 
 
 def format_comparison(before: dict[str, Any], after: dict[str, Any]) -> str:

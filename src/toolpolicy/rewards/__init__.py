@@ -22,7 +22,7 @@ from toolpolicy.rewards.functions import (
     violations_run,
     wrong_state_writes,
 )
-from toolpolicy.rewards.rubric import Rubric, RubricTerm, Score
+from toolpolicy.rewards.rubric import Rubric, RubricTerm, Score, reward_function, term_means
 
 __all__ = [
     "REWARD_FUNCTIONS",
@@ -42,8 +42,10 @@ __all__ = [
     "otc_reward",
     "overlong",
     "policy_violation",
+    "reward_function",
     "soft_overlong_penalty",
     "task_success",
+    "term_means",
     "tool_call_count",
     "tool_error_count",
     "violations_run",

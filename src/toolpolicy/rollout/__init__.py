@@ -2,6 +2,7 @@
 
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest, HFBackend, ScriptedBackend
 from toolpolicy.rollout.engine import Limits, RolloutEngine, allow_all_policy, observe
+from toolpolicy.rollout.recorded import recorded_trajectory
 from toolpolicy.rollout.trajectory import Trajectory
 
 __all__ = [
@@ -15,4 +16,5 @@ __all__ = [
     "Trajectory",
     "allow_all_policy",
     "observe",
+    "recorded_trajectory",
 ]

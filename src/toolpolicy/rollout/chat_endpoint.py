@@ -31,7 +31,7 @@ import httpx
 from toolpolicy.chat import ParsedTurn
 from toolpolicy.envs.base import Env, Session
 from toolpolicy.gate import Gate, Ledger
-from toolpolicy.rollout.engine import GatedLoop, Limits, act, record_turn, truncate
+from toolpolicy.rollout.engine import Figures, GatedLoop, Limits, act, record_turn, truncate
 from toolpolicy.types import CallError, Episode, Message, Task, ToolCall
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -185,7 +185,7 @@ class ChatEngine(GatedLoop):
         self.client = client
         self.tools = [spec.to_openai() for spec in env.tools.specs()]
 
-    def run(self, tasks: list[Task], progress: str | None = None) -> list[ChatRollout]:
+    def run(self, tasks: list[Task], progress: str | None = None, figures: Figures | None = None) -> list[ChatRollout]:
         """One episode per task (repeat a task to run several trials)."""
         rollouts = []
         for task in tasks:
@@ -197,7 +197,7 @@ class ChatEngine(GatedLoop):
                 replies = list(pool.map(self._ask, [rollouts[i].wire for i in live]))
                 return [self._advance(rollouts[i], sessions[i], reply, turn) for i, reply in zip(live, replies)]
 
-            self.loop([r.episode for r in rollouts], take_turn, progress)
+            self.loop([r.episode for r in rollouts], take_turn, progress, figures)
         return rollouts
 
     def _ask(self, wire: list[dict[str, Any]]) -> Reply | EndpointError:

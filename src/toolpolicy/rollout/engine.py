@@ -130,20 +130,30 @@ def record_turn(
     return observations or session.on_answer(episode.messages) or None
 
 
-def with_sessions(env: Env, episodes: list[Episode], turns: Callable[[list[Session]], None]) -> None:
-    """Open a session per episode, run `turns` on them, then record every session's
-    outcome on its episode, also when `turns` failed. A session that cannot finish
-    marks its episode as an infrastructure error (the environment's fault, not the model's)."""
+def with_sessions(env: Env, episodes: list[Episode], turns: Callable[[list[Session], Callable[[int], None]], None]) -> None:
+    """Open a session per episode and run `turns(sessions, finish)` on them. `finish(i)`
+    records session i's outcome on its episode as soon as the episode ends; every session
+    not finished by then is finished afterwards, also when `turns` failed. A session that
+    cannot finish marks its episode as an infrastructure error (the environment's fault,
+    not the model's)."""
     sessions: list[Session] = []
+    finished: set[int] = set()
+
+    def finish(i: int) -> None:
+        if i in finished:
+            return
+        finished.add(i)
+        try:
+            episodes[i].outcome = sessions[i].finish()
+        except Exception as error:
+            episodes[i].infra_error = episodes[i].infra_error or f"session finish: {type(error).__name__}: {error}"
+
     try:
         sessions.extend(open_session(env, episode.task) for episode in episodes)
-        turns(sessions)
+        turns(sessions, finish)
     finally:
-        for episode, session in zip(episodes, sessions):
-            try:
-                episode.outcome = session.finish()
-            except Exception as error:
-                episode.infra_error = episode.infra_error or f"session finish: {type(error).__name__}: {error}"
+        for i in range(len(sessions)):
+            finish(i)
 
 
 def truncate(episode: Episode, turn: int, why: str) -> None:
@@ -151,6 +161,9 @@ def truncate(episode: Episode, turn: int, why: str) -> None:
     episode.truncated = True
     episode.events.append(Event("truncated", turn, why))
 
+
+Figures = Callable[[list[Episode]], dict[str, str]]
+"""(the episodes ended so far, outcomes recorded) -> what a progress bar shows beside its count."""
 
 TakeTurn = Callable[[list[Session], list[int], int], list[bool]]
 """(every episode's session, indices of the live episodes, turn) -> for each live one,
@@ -170,17 +183,24 @@ class GatedLoop:
         self.gate = gate if gate is not None else Gate(allow_all_policy(), env.tools)
         self.limits = limits
 
-    def loop(self, episodes: list[Episode], take_turn: TakeTurn, progress: str | None) -> None:
+    def loop(self, episodes: list[Episode], take_turn: TakeTurn, progress: str | None, figures: Figures | None = None) -> None:
         """Open a session per episode and run turns until every episode ended or
-        max_turns is spent (those still calling tools are truncated)."""
+        max_turns is spent (those still calling tools are truncated). The bar counts
+        ended episodes and shows `figures` of them (their sessions already finished)."""
 
-        def turns(sessions: list[Session]) -> None:
+        def turns(sessions: list[Session], finish: Callable[[int], None]) -> None:
             live = list(range(len(episodes)))
+            ended: list[Episode] = []
             bar = tqdm(total=len(episodes), desc=progress, leave=False, disable=progress is None)
             for turn in range(self.limits.max_turns):
                 if not live:
                     break
                 going = take_turn(sessions, live, turn)
+                for i in (i for i, goes in zip(live, going) if not goes):
+                    finish(i)
+                    ended.append(episodes[i])
+                if figures is not None and ended and progress is not None:
+                    bar.set_postfix(figures(ended), refresh=False)
                 bar.update(going.count(False))
                 live = [i for i, goes in zip(live, going) if goes]
             for i in live:
@@ -236,7 +256,10 @@ class RolloutEngine(GatedLoop):
         ids = self.encode(self.template.render_prompt(messages, self.env.tools.specs()))
         return Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), Episode(task, list(messages)))
 
-    def run(self, tasks: list[Task], progress: str | None = None, seeds: list[int] | list[None] | None = None) -> list[Trajectory]:
+    def run(
+        self, tasks: list[Task], progress: str | None = None, seeds: list[int] | list[None] | None = None,
+        figures: Figures | None = None,
+    ) -> list[Trajectory]:
         """One episode per task (repeat a task in `tasks` to sample a group). With `seeds`,
         episode i samples from its own stream seeded with seeds[i], so its tokens do not
         depend on the other episodes of the batch (backends that support it: hf)."""
@@ -265,7 +288,7 @@ class RolloutEngine(GatedLoop):
 
         pool = ThreadPoolExecutor(self.tool_workers, thread_name_prefix="tools") if self.tool_workers > 1 else None
         try:
-            self.loop([t.episode for t in trajectories], take_turn, progress)
+            self.loop([t.episode for t in trajectories], take_turn, progress, figures)
         finally:
             self.backend.forget()  # the episodes ended; their keys are reused by the next batch
             if pool is not None:

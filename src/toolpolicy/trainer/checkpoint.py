@@ -16,12 +16,14 @@ import pickle
 import random
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from toolpolicy.model.files import DAMAGED, CheckpointError, check_checkpoint, check_torch_zip
+from toolpolicy.trainer.trackers import Tracker, metric_names
 
 STATE_FILE = "trainer_state.pt"
 STATE_KEYS = ("step", "optimizer", "scheduler", "rng")
@@ -158,14 +160,22 @@ def restore_state(
 
 
 class MetricsLog:
-    """`metrics.jsonl`: one JSON object per step, each with "phase" and "step"."""
+    """`metrics.jsonl`: one JSON object per step, each with "phase" and "step"; every record
+    also goes to the `trackers` (TensorBoard, wandb, Trackio) under the same names."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, trackers: Sequence[Tracker] = ()) -> None:
         self.path = path
+        self.trackers = trackers
 
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        for tracker in self.trackers:
+            tracker.log(record["step"], metric_names(record["phase"], record))
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
 
     def rewind(self, phase: str, step: int) -> None:
         """Drop the lines of `phase` logged after `step` (written after the checkpoint

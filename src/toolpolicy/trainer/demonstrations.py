@@ -1,32 +1,36 @@
-"""SFT data: an environment's imperfect demonstrator, replayed through the real engine,
-and the embedded model built from the text of its demonstrations."""
+"""SFT data: an environment's imperfect demonstrator, replayed through the real engine, or
+conversations from a file (`sft_data`), and the embedded model built from their text."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from toolpolicy.build import build_env, episode_limits
 from toolpolicy.chat import ChatTemplate
-from toolpolicy.config import Config, ConfigError
-from toolpolicy.envs import calc, hotel
+from toolpolicy.config import Config
 from toolpolicy.model import char_codec, make_template
 from toolpolicy.model.embedded import ModelShape, save_embedded
 from toolpolicy.rollout import RolloutEngine, ScriptedBackend, Trajectory
-
-# How each environment's imperfect demonstrator is set from the config.
-EXPERT_STYLES: dict[str, Callable[[Config], Any]] = {
-    "calc": lambda cfg: calc.ExpertStyle(cfg.expert_tool_on_hard, cfg.expert_tool_on_easy, cfg.expert_malformed),
-    "hotel": lambda cfg: hotel.ExpertStyle(cfg.expert_violation, cfg.expert_guess, cfg.expert_slip),
-}
+from toolpolicy.types import Message, Task
+from toolpolicy.trainer.demonstrators import demonstrator_for
+from toolpolicy.trainer.sft_data import data_examples
 
 
-def expert_style(cfg: Config) -> Any:
-    if cfg.env not in EXPERT_STYLES:
-        raise ConfigError(f"environment {cfg.env!r} has no demonstrator for SFT (known: {', '.join(EXPERT_STYLES)})")
-    return EXPERT_STYLES[cfg.env](cfg)
+def demonstrator_scripts(cfg: Config, tasks: list[Task], seed_tag: str) -> list[list[Message]]:
+    """The demonstrator's assistant messages for each task, from one random stream per `seed_tag`."""
+    rng = random.Random(f"expert/{seed_tag}/{cfg.seed}")
+    demonstrate = demonstrator_for(cfg)
+    return [demonstrate(task, rng, cfg) for task in tasks]
+
+
+def demonstrator_dialogue(trajectory: Trajectory, script: list[Message]) -> list[Message]:
+    """A demonstration as the dialogue to export: the demonstrator's own assistant messages
+    (`script`, whole also where the engine cut a turn at a budget) with the observations the
+    engine produced between them. Rendered as SFT data it gives the trajectory's tokens."""
+    turns = iter(script)
+    return [next(turns) if m.role == "assistant" else m for m in trajectory.episode.messages]
 
 
 def demonstrations(
@@ -42,18 +46,29 @@ def demonstrations(
     from the engine."""
     env = build_env(cfg)
     tasks = env.tasks("train", n, seed=cfg.seed)
-    rng = random.Random(f"expert/{seed_tag}/{cfg.seed}")
-    style = expert_style(cfg)
-    scripts = {i: env.expert_turns(task, rng, style) for i, task in enumerate(tasks)}
+    scripts = dict(enumerate(demonstrator_scripts(cfg, tasks, seed_tag)))
     backend = ScriptedBackend(scripts, template.render_assistant, encode)
     engine = RolloutEngine(env, template, encode, decode, backend, episode_limits(cfg))
     return engine.run(tasks)
 
 
+def sft_examples(
+    cfg: Config, n: int, template: ChatTemplate, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+    seed_tag: str,
+) -> list[Trajectory]:
+    """What SFT trains on: the conversations of `cfg.sft_data` when it is set (all of them,
+    `n` unused), else `n` demonstrations."""
+    if cfg.sft_data:
+        return data_examples(cfg.sft_data, template, encode, episode_limits(cfg))
+    return demonstrations(cfg, n, template, encode, decode, seed_tag)
+
+
 def build_embedded(cfg: Config, out_dir: Path) -> Path:
-    """Train the tokenizer on demonstration text and save a fresh tiny Qwen2 to `out_dir`."""
+    """Train the tokenizer on the SFT text (demonstrations, or the first `tokenizer_texts`
+    conversations of sft_data) and save a fresh tiny Qwen2 to `out_dir`."""
     encode, decode = char_codec()
     template = make_template(cfg.compact_tools_prompt)
-    texts = [decode(t.token_ids) for t in demonstrations(cfg, cfg.tokenizer_texts, template, encode, decode, "tokenizer")]
+    examples = sft_examples(cfg, cfg.tokenizer_texts, template, encode, decode, "tokenizer")[: cfg.tokenizer_texts]
+    texts = [decode(t.token_ids) for t in examples]
     shape = ModelShape(cfg.vocab_size, cfg.hidden_size, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate_size)
     return save_embedded(out_dir, texts, template, shape, cfg.seed)

@@ -38,8 +38,9 @@ from toolpolicy.build import build_rubric, load_policy_model, trainable_policy
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics
-from toolpolicy.rewards import REWARD_FUNCTIONS, RewardFunction, Rubric, Score, policy_violation
+from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
+from toolpolicy.rollout.store import EpisodeRecord, rewind, step_table, write_step
 from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, Restored, latest_checkpoint, restore_state, save_checkpoint, save_final
 from toolpolicy.trainer.credit import (
@@ -54,6 +55,7 @@ from toolpolicy.trainer.credit import (
 )
 from toolpolicy.trainer.distributed import World
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine
+from toolpolicy.trainer.trackers import open_trackers
 
 REFILL_SEED_STRIDE = 100_000_007  # refill rounds draw tasks far from every step's own seed
 
@@ -146,6 +148,14 @@ UPDATE_SUMS = (
 UPDATE_MAXIMA = ("ratio_max", "mismatch/abs_max")
 
 
+class Update(NamedTuple):
+    """What `policy_update` gives back: detached sums and maxima, and the trainer's
+    recomputed log-prob of every sampled token, one 1-D tensor per batch row."""
+
+    sums: dict[str, float]
+    logprobs: list[Tensor]
+
+
 class Totals(NamedTuple):
     """What the loss is normalised by: the whole step's trained tokens and sequences (all ranks')."""
 
@@ -164,9 +174,10 @@ def policy_update(
     temperature: float,
     micro_batch_size: int,
     totals: Totals | None = None,
-) -> dict[str, float]:
+) -> Update:
     """Accumulate the objective's gradient over micro-batches. Returns detached sums (UPDATE_SUMS,
-    each token sum not yet divided) and maxima (UPDATE_MAXIMA); `update_metrics` finishes them.
+    each token sum not yet divided) and maxima (UPDATE_MAXIMA), which `update_metrics` finishes,
+    and the recomputed log-probs of the sampled tokens (for the rollout store).
 
     advantages: [B] per episode, or [B, L-1] per token (turn credit), cut to each piece's width.
     totals: the whole step's, when `batch` is this rank's share of it (default: the batch's own).
@@ -175,8 +186,9 @@ def policy_update(
     gradient checkpointing is on) at the rollout's sampling `temperature`; their gap to
     the sampler's is measured (`mismatch/*`) and, with TIS, corrected."""
     sums = dict.fromkeys(UPDATE_SUMS + UPDATE_MAXIMA, 0.0)
+    recomputed: list[Tensor] = []
     if batch is None:
-        return sums
+        return Update(sums, recomputed)
     total_tokens, total_sequences = totals or Totals(float(batch.loss_mask.sum()), float(batch.input_ids.shape[0]))
     device = device_of(model)
     for rows, piece in micro_batches(batch, micro_batch_size):
@@ -193,6 +205,7 @@ def policy_update(
             logprobs, old_logprobs, piece_advantages, piece.loss_mask, ref_logprobs, total_tokens, total_sequences, weights
         )
         loss.backward()
+        recomputed += [row[mask.bool()].float().cpu() for row, mask in zip(logprobs.detach(), piece.loss_mask)]
         weight = float(piece.loss_mask.sum())
         mismatch = mismatch_sums(logprobs, piece.old_logprobs, piece.loss_mask, correction.cap)
         sums["loss"] += float(loss.detach())
@@ -207,7 +220,7 @@ def policy_update(
         sums["tokens/reference"] += tokens if reference is not None else 0
         sums["ratio_max"] = max(sums["ratio_max"], stats["ratio_max"])
         sums["mismatch/abs_max"] = max(sums["mismatch/abs_max"], mismatch["abs_max"])
-    return sums
+    return Update(sums, recomputed)
 
 
 def update_metrics(sums: dict[str, float], total_tokens: float, with_reference: bool) -> dict[str, float]:
@@ -221,7 +234,7 @@ def update_metrics(sums: dict[str, float], total_tokens: float, with_reference: 
 
 
 def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success: RewardFunction) -> dict[str, float]:
-    """Per-step means of reward, accuracy (the share with `success` 1, as in evaluation),
+    """Per-step means of reward (and of each Rubric term, as rewards/<name>), accuracy (the share with `success` 1, as in evaluation),
     tool use and policy violations, overall and per difficulty. Episodes with an
     infrastructure error are left out of every mean and only counted (DESIGN contract 4)."""
     counted = [(t, s) for t, s in zip(trajectories, scores) if t.episode.infra_error is None]
@@ -234,6 +247,7 @@ def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success
     calls = sum(e.count("tool_call") for e in episodes)
     invalid = sum(e.count("invalid_call") for e in episodes)
     out["reward"] = sum(s.total for _, s in counted) / n
+    out.update({f"rewards/{name}": mean for name, mean in term_means([s for _, s in counted]).items()})
     out["accuracy"] = sum(solved) / n
     out["tool_calls"] = calls / n
     out["invalid_call_rate"] = invalid / max(1, calls + invalid)
@@ -309,6 +323,11 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     sampler = torch.Generator().manual_seed(cfg.seed)
     restored = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else Restored(0, None)
     start = restored.step
+    log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "rl", start) if world.main else ())
+    store = phase_dir / "rollouts" if cfg.store_rollouts and world.main else None
+    if world.main:
+        log.rewind("rl", start)
+        rewind(phase_dir / "rollouts", start)
     pool: Rollouts  # where the episodes are sampled
     if cfg.ray_rollout_workers:
         pool = RayRollouts(cfg, str(checkpoint or cfg.init_from), run_dir, restored.audit_seqs, resume)
@@ -320,10 +339,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         sampler_model = sampling_policy.model if cfg.max_staleness else None
         pool = LocalRollouts(engine, build_rubric(cfg, engine.env.default_rewards), world, sampler_model)
     rubric = build_rubric(cfg, pool.env.default_rewards)
-    success = REWARD_FUNCTIONS[pool.env.success_reward]
-    log = MetricsLog(run_dir / "metrics.jsonl")
-    if world.main:
-        log.rewind("rl", start)
+    success = reward_function(pool.env.success_reward)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 
     ahead: deque[tuple[int, Pending]] = deque()  # submitted first rounds of the next steps, with their weights' version
@@ -353,14 +369,17 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             # Kept episodes group by group (a micro-batch runs each prompt once), by length within a group.
             order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: (i // cfg.group_size, len(trajectories[i].token_ids)))
             update: dict[str, float] = {}
+            recomputed: dict[int, list[float]] = {}  # episode -> the trainer's log-probs of its sampled tokens
             grad_norm = 0.0
             if order:
                 totals = Totals(float(sum(trajectories[i].sampled_tokens for i in order)), float(len(order)))
                 mine = rank_share(order, cfg.group_size, world)  # every kept episode, when one process trains
-                sums = policy_update(
+                sums, logprobs = policy_update(
                     model, reference, collate([trajectories[i] for i in mine], policy.pad_id) if mine else None,
                     advantages[mine], algorithm, correction, recompute, cfg.temperature, cfg.micro_batch_size, totals,
                 )
+                if cfg.store_rollouts:
+                    recomputed = dict(world.gather([(i, lp.tolist()) for i, lp in zip(mine, logprobs)]))
                 world.sum_gradients(trainable)
                 update = update_metrics(world.reduce_stats(sums, UPDATE_MAXIMA), totals.tokens, reference is not None)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
@@ -377,11 +396,17 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record["trained_episodes"] = len(order)
             record.update({"refill_rounds": rollouts.refill_rounds, "grad_norm": grad_norm, "lr": lr})
             record["staleness"] = staleness
+            if store is not None:
+                stored = time.perf_counter()
+                records = step_records(rollouts, advantages, keep, recomputed, success)
+                write_step(store, step + 1, step_table(step + 1, cfg.group_size, staleness, records))
+                record["time/store"] = time.perf_counter() - stored
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
             record.update({f"tokens/{kind}": n for kind, n in (pool.counts() - counted).items()})
             record.update(memory_metrics(model, optimizer))
             if world.main:
                 log.write(record)
+                steps.set_postfix(progress_line(record, trajectories), refresh=False)
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:
                 audit_seqs = pool.audit_seqs()
                 if world.main:
@@ -402,11 +427,45 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 )
     finally:
         pool.close()  # the audit logs, and Ray's workers
+        log.close()
 
     final = save_final(phase_dir, model, policy.tokenizer) if world.main else phase_dir / "final"
     world.barrier()
     world.close()
     return final
+
+
+def step_records(
+    rollouts: StepRollouts, advantages: Tensor, keep: Tensor, recomputed: dict[int, list[float]], success: RewardFunction
+) -> list[EpisodeRecord]:
+    """What the rollout store keeps of each of the step's episodes."""
+    return [
+        EpisodeRecord(
+            t, score.total, success(t.episode) == 1.0, score.components, sampled_advantages(advantages, i, t),
+            recomputed.get(i), bool(keep[i]),
+        )
+        for i, (t, score) in enumerate(zip(rollouts.trajectories, rollouts.scores))
+    ]
+
+
+def sampled_advantages(advantages: Tensor, row: int, trajectory: Trajectory) -> list[float]:
+    """The advantage of each token episode `row` sampled: its scalar repeated, or its per-token values
+    (advantages [B] or [B, L-1], where position t is the advantage of token t + 1)."""
+    if advantages.dim() == 1:
+        return [float(advantages[row])] * trajectory.sampled_tokens
+    mask = torch.tensor(trajectory.loss_mask[1:], dtype=torch.bool)  # [L-1]
+    return advantages[row, : mask.shape[0]][mask].tolist()
+
+
+def progress_line(record: dict[str, float], trajectories: list[Trajectory]) -> dict[str, str]:
+    """The RL bar's figures: reward, accuracy, kept groups, sampled tokens a second."""
+    sampled = sum(t.sampled_tokens for t in trajectories)
+    return {
+        "reward": f"{record.get('reward', 0.0):.3f}",
+        "acc": f"{record.get('accuracy', 0.0):.2f}",
+        "kept": str(record["kept_groups"]),
+        "tok/s": f"{sampled / max(record['time/step'], 1e-9):.0f}",
+    }
 
 
 def rank_share(order: list[int], group_size: int, world: World) -> list[int]:

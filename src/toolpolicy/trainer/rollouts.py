@@ -98,8 +98,10 @@ def last_seq(engine: RolloutEngine) -> int | None:
     return audit.last_seq if audit is not None else None
 
 
-def score_all(engine: RolloutEngine, rubric: Any, tasks: list[Task], seeds: list[int] | None) -> Scored:
-    return [(t, rubric.score(t.episode)) for t in engine.run(tasks, seeds=seeds)]
+def score_all(
+    engine: RolloutEngine, rubric: Any, tasks: list[Task], seeds: list[int] | None, progress: str | None = None
+) -> Scored:
+    return [(t, rubric.score(t.episode)) for t in engine.run(tasks, seeds=seeds, progress=progress)]
 
 
 class LocalRollouts:
@@ -109,19 +111,20 @@ class LocalRollouts:
     `max_staleness` > 0) the engine samples from that copy of the policy in a thread of its
     own, one round after another, while the trainer updates its model; `sync` copies the
     new weights in after the rounds already submitted, so a round sees exactly the updates
-    made before it was submitted."""
+    made before it was submitted. A synchronous main process shows a bar of finished episodes."""
 
     def __init__(self, engine: RolloutEngine, rubric: Any, world: World, sampler: torch.nn.Module | None = None) -> None:
         self.engine, self.rubric, self.world, self.sampler = engine, rubric, world, sampler
         self.env = engine.env
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="rollout") if sampler is not None else None
+        self.progress = "rollout" if world.main and sampler is None else None
 
     def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Pending:
         groups = self.world.share(len(tasks) // group_size)
         mine = slice(groups.start * group_size, groups.stop * group_size)
 
         def run() -> Scored:
-            return score_all(self.engine, self.rubric, tasks[mine], seeds[mine] if seeds else None)
+            return score_all(self.engine, self.rubric, tasks[mine], seeds[mine] if seeds else None, self.progress)
 
         if self.thread is None:
             scored = self.world.gather(run())

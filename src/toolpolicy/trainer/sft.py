@@ -3,6 +3,8 @@
 Demonstrations are replayed through the rollout engine (`demonstrations.py`),
 so SFT trains on exactly the token framing RL will sample in, and the loss mask
 is the engine's: assistant tokens only, never the prompt or tool output.
+Conversations from a file (`sft_data`, `sft_data.py`) are cut into the same
+fragments, with the same mask.
 
     toolpolicy sft CONFIG [--set key=value ...] [--resume RUN_DIR]
 """
@@ -24,7 +26,8 @@ from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
-from toolpolicy.trainer.demonstrations import build_embedded, demonstrations
+from toolpolicy.trainer.demonstrations import build_embedded, sft_examples
+from toolpolicy.trainer.trackers import open_trackers
 
 
 def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
@@ -74,17 +77,18 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     checkpoint = latest_checkpoint(phase_dir) if resume else None
     policy = trainable_policy(cfg, checkpoint or base, phase_dir, resuming=checkpoint is not None)
     model = policy.model
-    examples = demonstrations(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
+    examples = sft_examples(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.sft_warmup_steps, cfg.sft_steps))
     start = restore_state(checkpoint, optimizer, scheduler, None).step if checkpoint else 0
-    log = MetricsLog(run_dir / "metrics.jsonl")
+    log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "sft", start))
     log.rewind("sft", start)
 
     model.train()
-    for step in tqdm(range(start, cfg.sft_steps), desc="sft", initial=start, total=cfg.sft_steps):
+    bar = tqdm(range(start, cfg.sft_steps), desc="sft", initial=start, total=cfg.sft_steps)
+    for step in bar:
         began = time.perf_counter()
         chosen = [examples[i] for i in batch_indices(len(examples), cfg.sft_batch_size, step, cfg.seed)]
         optimizer.zero_grad(set_to_none=True)
@@ -97,7 +101,8 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         elapsed = time.perf_counter() - began
         record = {"phase": "sft", "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed}
         log.write({**record, "time/step": elapsed, **memory_metrics(model, optimizer)})
+        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.sft_steps:
             save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, None, cfg.keep_checkpoints)
-
+    log.close()
     return save_final(phase_dir, model, policy.tokenizer)

@@ -1,0 +1,157 @@
+"""Extensions by name: import paths, installed packages' entry points, the built-ins, and the errors."""
+
+from __future__ import annotations
+
+import random
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from toolpolicy.build import build_env
+from toolpolicy.config import ConfigError, load_config
+from toolpolicy.envs import ENVS, USERS, CalcEnv, HotelEnv
+from toolpolicy.registry import DEMONSTRATOR, ENVIRONMENT, REWARD, USER, declared_in, from_import_path
+from toolpolicy.rewards import REWARD_FUNCTIONS, Rubric, term_means
+from toolpolicy.trainer.demonstrators import DEMONSTRATORS, demonstrator_for
+from toolpolicy.types import Episode, Message, Task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- objects the tests name by import path ("test_extensions:...") --------------------
+
+
+def said_please(episode: Episode) -> float:
+    """A custom reward function: 1.0 if any assistant message says please."""
+    return float(any("please" in m.content.lower() for m in episode.messages if m.role == "assistant"))
+
+
+def always_answer_seven(task: Task, rng: random.Random, cfg) -> list[Message]:
+    """A custom demonstrator."""
+    return [Message("assistant", "Answer: 7")]
+
+
+class SilentGuest:
+    """A custom user simulator that never replies."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def reply(self, messages: list[Message]) -> str | None:
+        return None
+
+
+NOT_CALLABLE = 3
+
+
+# ---- the built-ins are declared as entry points, and found without them -----------------
+
+
+@pytest.mark.parametrize(
+    "kind, builtins", [(ENVIRONMENT, ENVS), (REWARD, REWARD_FUNCTIONS), (DEMONSTRATOR, DEMONSTRATORS), (USER, USERS)]
+)
+def test_pyproject_declares_every_builtin_as_an_entry_point(kind, builtins):
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][kind.group]
+    assert set(declared) == set(builtins)
+    for name, path in declared.items():
+        assert from_import_path(path) is builtins[name], name
+
+
+def _install(site: Path, distribution: str, group: str, entries: dict[str, str]) -> None:
+    """A package as pip leaves it: a dist-info folder with its entry points, on sys.path."""
+    info = site / f"{distribution}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder of installed packages for this test only."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    declared_in.cache_clear()
+    yield tmp_path
+    declared_in.cache_clear()
+
+
+def test_an_installed_packages_entry_point_names_an_environment_and_a_reward(site):
+    _install(site, "calcplugin", "toolpolicy.envs", {"calc2": "toolpolicy.envs.calc:CalcEnv"})
+    _install(site, "rewardplugin", "toolpolicy.rewards", {"please": "test_extensions:said_please"})
+    cfg = load_config(None, ["env=calc2", "rewards={correct_answer: 1.0, please: 0.0}"])
+    assert isinstance(build_env(cfg), CalcEnv)
+    assert [t.fn for t in Rubric.from_weights(cfg.rewards).terms] == [REWARD_FUNCTIONS["correct_answer"], said_please]
+
+
+def test_the_builtins_resolve_through_their_own_entry_points_after_a_fresh_install(site):
+    # a fresh `pip install -e .` declares calc as pyproject.toml does; the stale venv has none
+    _install(site, "toolpolicy_fresh", "toolpolicy.envs", {"calc": "toolpolicy.envs.calc:CalcEnv"})
+    assert "calc" in declared_in("toolpolicy.envs")
+    assert isinstance(build_env(load_config(None, ["env=calc"])), CalcEnv)
+
+
+def test_two_packages_giving_one_name_different_objects_is_an_error(site):
+    _install(site, "one", "toolpolicy.envs", {"arith": "toolpolicy.envs.calc:CalcEnv"})
+    _install(site, "two", "toolpolicy.envs", {"arith": "toolpolicy.envs.hotel:HotelEnv"})
+    with pytest.raises(ConfigError, match=r"field 'env': 'arith': installed packages give the environment different objects"):
+        load_config(None, ["env=arith"])
+
+
+# ---- import paths, and the errors that name the field and what was tried ----------------
+
+
+def test_import_paths_name_an_environment_a_reward_a_demonstrator_and_a_user():
+    cfg = load_config(None, [
+        "env=toolpolicy.envs.hotel:HotelEnv", "user=test_extensions:SilentGuest",
+        "demonstrator=test_extensions:always_answer_seven", "rewards={task_success: 1.0, 'test_extensions:said_please': 0.0}",
+    ])
+    env = build_env(cfg)
+    assert isinstance(env, HotelEnv) and env.user is SilentGuest
+    assert demonstrator_for(cfg) is always_answer_seven
+    rubric = Rubric.from_weights(cfg.rewards)
+    assert [t.name for t in rubric.terms] == ["task_success", "said_please"]  # reported by its own name
+    episode = Episode(Task("t", "", ""), [Message("assistant", "Please hold.")])
+    assert term_means([rubric.score(episode)]) == {"task_success": 0.0, "said_please": 1.0}
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("env=mypkg.envs:Adder", r"field 'env': 'mypkg.envs:Adder': module mypkg.envs not found \(tried import path"),
+        ("env=test_extensions:Adder", r"field 'env': 'test_extensions:Adder': test_extensions has no attribute Adder \(tried import path\)"),
+        ("env=test_extensions:NOT_CALLABLE", r"field 'env': 'test_extensions:NOT_CALLABLE': is a int, not a callable environment"),
+        ("env=adder", r"field 'env': 'adder': no environment of that name \(tried entry points of group toolpolicy.envs: .*built-ins: calc, hotel\)"),
+        ("rewards={'mypkg.rewards:exact': 1}", r"field 'rewards': 'mypkg.rewards:exact': module mypkg.rewards not found"),
+        ("rewards={exact: 1}", r"field 'rewards': 'exact': no reward function of that name .*group toolpolicy.rewards"),
+        ("demonstrator=mypkg:expert", r"field 'demonstrator': 'mypkg:expert': module mypkg not found"),
+        ("user=nobody", r"field 'user': 'nobody': no user simulator of that name .*built-ins: scripted"),
+        ("user=scripted", r"field 'user': environment 'calc' takes no user simulator"),
+    ],
+)
+def test_a_name_that_resolves_to_nothing_is_a_config_error_saying_what_was_tried(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_an_import_that_fails_inside_the_module_is_not_reported_as_a_missing_module(tmp_path, monkeypatch):
+    (tmp_path / "broken_env.py").write_text("import numpy_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"importing broken_env failed: ModuleNotFoundError: .*numpy_that_is_not_installed"):
+        load_config(None, ["env=broken_env:Env"])
+
+
+def test_two_reward_functions_with_one_reported_name_are_refused():
+    with pytest.raises(ConfigError, match=r"both be reported as \['correct_answer'\]"):
+        load_config(None, ["rewards={correct_answer: 1, 'toolpolicy.rewards:correct_answer': 0}"])
+
+
+def test_an_environment_named_by_import_path_needs_a_demonstrator_or_data_for_sft():
+    cfg = load_config(None, ["env=toolpolicy.envs.calc:CalcEnv"])
+    with pytest.raises(ConfigError, match=r"field 'demonstrator': environment 'toolpolicy.envs.calc:CalcEnv' has no built-in demonstrator"):
+        demonstrator_for(cfg)
+
+
+def test_the_tutorial_page_shows_the_example_file_as_it_is():
+    page = (ROOT / "docs" / "environments.md").read_text()
+    assert (ROOT / "examples" / "adder" / "adder.py").read_text() in page
+    assert (ROOT / "examples" / "adder" / "policy.yaml").read_text() in page
