@@ -4,7 +4,6 @@ errors, bugs that show their traceback, the audit log across phases (resume: tes
 from __future__ import annotations
 
 import json
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 

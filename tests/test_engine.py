@@ -10,10 +10,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from toolpolicy.chat import HermesTemplate
 from toolpolicy.envs import CalcEnv
 from toolpolicy.envs.calc import ExpertStyle
-from toolpolicy.model import PolicyModel, codec, load_policy, make_template
+from toolpolicy.model import PolicyModel, codec, make_template
 from toolpolicy.model.embedded import train_tokenizer
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, ScriptedBackend
 from toolpolicy.rollout.backends import Generation, GenRequest
