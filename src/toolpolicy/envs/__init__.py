@@ -1,10 +1,11 @@
 """Environments: task data, a turn hook and scoring inputs. `ENVS` maps config names to classes."""
 
 from toolpolicy.envs.base import Env
+from toolpolicy.envs.bfcl import BfclMultiTurnEnv
 from toolpolicy.envs.calc import CalcEnv
 from toolpolicy.envs.hotel import HotelEnv
 
-ENVS: dict[str, type] = {"calc": CalcEnv, "hotel": HotelEnv}
+ENVS: dict[str, type] = {"calc": CalcEnv, "hotel": HotelEnv, "bfcl_multi_turn": BfclMultiTurnEnv}
 
 
 def make_env(name: str) -> Env:
@@ -14,4 +15,4 @@ def make_env(name: str) -> Env:
     return ENVS[name]()
 
 
-__all__ = ["ENVS", "CalcEnv", "Env", "HotelEnv", "make_env"]
+__all__ = ["ENVS", "BfclMultiTurnEnv", "CalcEnv", "Env", "HotelEnv", "make_env"]

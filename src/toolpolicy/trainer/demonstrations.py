@@ -20,6 +20,7 @@ from toolpolicy.rollout import RolloutEngine, ScriptedBackend, Trajectory
 EXPERT_STYLES: dict[str, Callable[[Config], Any]] = {
     "calc": lambda cfg: calc.ExpertStyle(cfg.expert_tool_on_hard, cfg.expert_tool_on_easy, cfg.expert_malformed),
     "hotel": lambda cfg: hotel.ExpertStyle(cfg.expert_violation, cfg.expert_guess, cfg.expert_slip),
+    "bfcl_multi_turn": lambda cfg: None,  # replays BFCL's ground truth exactly: nothing to set
 }
 
 
