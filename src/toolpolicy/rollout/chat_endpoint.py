@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 from toolpolicy.chat import ParsedTurn
-from toolpolicy.envs.base import Env, Session
+from toolpolicy.envs.base import Env, Session, listed_specs
 from toolpolicy.gate import Gate, Ledger
 from toolpolicy.rollout.engine import Figures, GatedLoop, Limits, act, record_turn, truncate
 from toolpolicy.types import CallError, Episode, Message, Task, ToolCall
@@ -173,6 +173,8 @@ class ChatRollout:
 
     episode: Episode
     wire: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    """The tools offered to the endpoint: the environment's for this task (`listed_specs`)."""
     ledger: Ledger = field(default_factory=Ledger)
     completion_tokens: int = 0
 
@@ -183,26 +185,26 @@ class ChatEngine(GatedLoop):
     def __init__(self, env: Env, client: ChatClient, limits: Limits, gate: Gate | None = None) -> None:
         super().__init__(env, gate, limits)
         self.client = client
-        self.tools = [spec.to_openai() for spec in env.tools.specs()]
 
     def run(self, tasks: list[Task], progress: str | None = None, figures: Figures | None = None) -> list[ChatRollout]:
         """One episode per task (repeat a task to run several trials)."""
         rollouts = []
         for task in tasks:
             messages = self.env.initial_messages(task)
-            rollouts.append(ChatRollout(Episode(task, list(messages)), [to_wire(m) for m in messages]))
+            tools = [spec.to_openai() for spec in listed_specs(self.env, task)]
+            rollouts.append(ChatRollout(Episode(task, list(messages)), [to_wire(m) for m in messages], tools))
         with ThreadPoolExecutor(max_workers=max(1, self.client.endpoint.concurrency)) as pool:
 
             def take_turn(sessions: list[Session], live: list[int], turn: int) -> list[bool]:
-                replies = list(pool.map(self._ask, [rollouts[i].wire for i in live]))
+                replies = list(pool.map(self._ask, [rollouts[i] for i in live]))
                 return [self._advance(rollouts[i], sessions[i], reply, turn) for i, reply in zip(live, replies)]
 
             self.loop([r.episode for r in rollouts], take_turn, progress, figures)
         return rollouts
 
-    def _ask(self, wire: list[dict[str, Any]]) -> Reply | EndpointError:
+    def _ask(self, rollout: ChatRollout) -> Reply | EndpointError:
         try:
-            return self.client.complete(wire, self.tools)
+            return self.client.complete(rollout.wire, rollout.tools)
         except EndpointError as error:
             return error
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from typing_extensions import Self
 
 from toolpolicy.chat import ChatTemplate, ParsedTurn, cut_at_stop
-from toolpolicy.envs.base import Env, Session, open_session
+from toolpolicy.envs.base import Env, Session, listed_specs, open_session
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
 from toolpolicy.rollout.trajectory import Trajectory
@@ -253,7 +253,7 @@ class RolloutEngine(GatedLoop):
 
     def start(self, task: Task) -> Trajectory:
         messages = self.env.initial_messages(task)
-        ids = self.encode(self.template.render_prompt(messages, self.env.tools.specs()))
+        ids = self.encode(self.template.render_prompt(messages, listed_specs(self.env, task)))
         return Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), Episode(task, list(messages)))
 
     def run(

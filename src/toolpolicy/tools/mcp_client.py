@@ -26,19 +26,16 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import anyio
-import jsonschema
 import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
-from pydantic_core import PydanticCustomError
 
-from toolpolicy.tools.decorator import Tool
+from toolpolicy.tools.schema_tool import SchemaTool, schema_tool
 from toolpolicy.types import ErrorKind, ToolResult, ToolSpec
 
 CLIENT_INFO = types.Implementation(name="toolpolicy", version="0.1.0")
@@ -240,11 +237,11 @@ class MCPClient:
         """The server's tool definitions as the SDK parses them."""
         return self._submit(self._require().list_tools(), self.call_timeout)
 
-    def tools(self) -> list[MCPTool]:
+    def tools(self) -> list[SchemaTool]:
         """The server's tools as toolpolicy Tools, ready for a ToolSet."""
         return [self.as_tool(definition) for definition in self.list_tools()]
 
-    def as_tool(self, definition: types.Tool) -> MCPTool:
+    def as_tool(self, definition: types.Tool) -> SchemaTool:
         """One server tool as a Tool whose function forwards the call to this client.
 
         Its effect is "read" only when the server marks it readOnlyHint: MCP's default
@@ -252,12 +249,7 @@ class MCPClient:
         read_only = definition.annotations is not None and definition.annotations.read_only_hint is True
         parameters = dict(definition.input_schema)
         spec = ToolSpec(definition.name, definition.description or "", parameters, effect="read" if read_only else "write")
-        try:
-            checker = jsonschema.validators.validator_for(spec.parameters)
-            checker.check_schema(spec.parameters)
-        except jsonschema.SchemaError as error:
-            raise ValueError(f"MCP tool {spec.name!r} has an invalid input schema: {error.message}") from None
-        return MCPTool(spec.name, spec, _forwarder(self, spec.name), _open_model(spec.name), checker(spec.parameters))
+        return schema_tool(spec, _forwarder(self, spec.name), "MCP tool")
 
     def call(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         """Run one tool on the server; every failure is a ToolResult, never an exception."""
@@ -303,21 +295,6 @@ class MCPClient:
             await self._stop.wait()
 
 
-@dataclass(frozen=True)
-class MCPTool(Tool):
-    """A tool an MCP server provides. Its arguments are checked against the server's
-    JSON schema (not a pydantic model), and failures are reported as pydantic
-    ValidationErrors so that ToolSet describes them like any other tool's."""
-
-    checker: Any = field(default=None, compare=False, repr=False)
-
-    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        problems = [line for error in self.checker.iter_errors(arguments) for line in _line_errors(error)]
-        if problems:
-            raise ValidationError.from_exception_data(f"{self.name}_arguments", problems)
-        return dict(arguments)
-
-
 def tool_result(result: types.CallToolResult) -> ToolResult:
     """An MCP call result as the observation the model reads."""
     return ToolResult(result_text(result), "tool_error" if result.is_error else None)
@@ -360,30 +337,6 @@ def _block_text(block: Any) -> str:
             return resource.text
         return f"[resource {resource.uri} ({resource.mime_type or 'binary'})]"
     return f"[{getattr(block, 'type', 'unknown')} content]"
-
-
-def _line_errors(error: jsonschema.ValidationError) -> list[dict[str, Any]]:
-    """One jsonschema error as pydantic line errors: a missing or unknown argument gets
-    pydantic's own error type, anything else the schema's message."""
-    path = tuple(error.absolute_path)
-    instance = error.instance
-    if error.validator == "required" and isinstance(instance, dict):
-        missing = [name for name in error.validator_value if name not in instance]
-        return [{"type": "missing", "loc": (*path, name), "input": instance} for name in missing]
-    if error.validator == "additionalProperties" and error.validator_value is False and isinstance(instance, dict):
-        extra = [name for name in instance if name not in error.schema.get("properties", {})]
-        return [{"type": "extra_forbidden", "loc": (*path, name), "input": instance[name]} for name in extra]
-    if error.validator == "type":
-        expected = error.validator_value if isinstance(error.validator_value, str) else " or ".join(error.validator_value)
-        message = f"should be of type {expected}"
-    else:
-        message = error.message
-    return [{"type": PydanticCustomError("json_schema", "{message}", {"message": message}), "loc": path, "input": instance}]
-
-
-def _open_model(name: str) -> type[BaseModel]:
-    """A pydantic model that takes any arguments: the JSON schema does the checking."""
-    return create_model(f"{name}_arguments", __config__=ConfigDict(extra="allow"))
 
 
 def _forwarder(client: MCPClient, name: str) -> Callable[..., ToolResult]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from functools import cache
+from typing import Any
 
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.envs import calc, hotel
@@ -34,7 +36,21 @@ def hotel_demonstrator(task: Task, rng: random.Random, cfg: Config) -> list[Mess
     return hotel.expert_turns(task, rng, style)
 
 
-DEMONSTRATORS: dict[str, Demonstrator] = {"calc": calc_demonstrator, "hotel": hotel_demonstrator}
+def bfcl_multi_turn_demonstrator(task: Task, rng: random.Random, cfg: Config) -> list[Message]:
+    """BFCL's ground truth, replayed exactly (its entries hold no imperfect answers to draw from)."""
+    return _bfcl_env().expert_turns(task, rng)
+
+
+@cache
+def _bfcl_env() -> Any:
+    from toolpolicy.envs.bfcl import BfclMultiTurnEnv  # here: it reads the bfcl-eval package's data
+
+    return BfclMultiTurnEnv()
+
+
+DEMONSTRATORS: dict[str, Demonstrator] = {
+    "calc": calc_demonstrator, "hotel": hotel_demonstrator, "bfcl_multi_turn": bfcl_multi_turn_demonstrator,
+}
 """The built-in demonstrators, by the name of the environment they demonstrate."""
 
 
