@@ -136,8 +136,8 @@ def written(entry: Entry, schema: dict[str, Any], value: Any) -> Any:
     return (java_literal if entry.language == "java" else js_literal)(value, kind, item_kind)
 
 
-def right_calls(entry: Entry, last: bool = False, minimal: bool = False) -> list[ToolCall]:
-    """The expected calls with acceptable values, in order, as a model would send them.
+def answer_values(entry: Entry, last: bool = False, minimal: bool = False) -> list[ToolCall]:
+    """The expected calls with acceptable values, in order, before any is written as a literal.
 
     By default a parameter is given when its first acceptable value is not "" (the
     last value with `last`). `minimal` is the oracle's answer: only the parameters
@@ -156,10 +156,17 @@ def right_calls(entry: Entry, last: bool = False, minimal: bool = False) -> list
             else:
                 given, value = pick(options, last)
             if given:
-                schema = _schema(entry, function, param)
-                arguments[param] = written(entry, schema, _concrete(value, schema, last))
+                arguments[param] = _concrete(value, _schema(entry, function, param), last)
         calls.append(ToolCall(function, arguments, f"call_{k}"))
     return calls
+
+
+def right_calls(entry: Entry, last: bool = False, minimal: bool = False) -> list[ToolCall]:
+    """`answer_values` as a model would send them."""
+    return [
+        ToolCall(c.name, {p: written(entry, _schema(entry, c.name, p), v) for p, v in c.arguments.items()}, c.id)
+        for c in answer_values(entry, last, minimal)
+    ]
 
 
 # ---- mutations ---------------------------------------------------------------------------
@@ -237,7 +244,7 @@ VALUE_MUTATIONS: dict[str, Callable[[Any], Any]] = {
 def mutations(entry: Entry) -> Iterator[tuple[str, list[ToolCall]]]:
     """(what changed, calls): every mutation of the first right answer."""
     base = right_calls(entry)
-    raw = right_calls_raw(entry)
+    raw = [call.arguments for call in answer_values(entry)]
     for k, call in enumerate(base):
         def replaced(arguments: dict[str, Any], name: str | None = None) -> list[ToolCall]:
             return [*base[:k], ToolCall(name or call.name, arguments, call.id), *base[k + 1:]]
@@ -264,20 +271,6 @@ def mutations(entry: Entry) -> Iterator[tuple[str, list[ToolCall]]]:
         yield f"extra call: {call.name}", [*base, call]
     if len(base) > 1:
         yield "calls reversed", base[::-1]
-
-
-def right_calls_raw(entry: Entry) -> list[dict[str, Any]]:
-    """The first right answer's argument values before they are written as literals."""
-    out = []
-    for want in entry.expected:
-        ((function, table),) = want.items()
-        arguments = {}
-        for param, options in table.items():
-            given, value = pick(options)
-            if given:
-                arguments[param] = _concrete(value, _schema(entry, function, param), False)
-        out.append(arguments)
-    return out
 
 
 def cases(entry: Entry) -> Iterator[tuple[str, list[ToolCall]]]:
