@@ -97,6 +97,20 @@ CASES = [
         True,
     ),
     ("parallel, each call used once", [area(base=10, height=5.0)] * 2, [AREA_ANSWER, {"triangle_area": {"base": [3], "height": [5.0]}}], False),
+    (
+        # BFCL pairs greedily: the first expected call takes the first call it accepts (unit="cm"), and the
+        # second, which needs unit="cm", is left with the one without; the other pairing would match
+        "parallel, paired greedily as BFCL does",
+        [area(base=10, height=5.0, unit="cm"), area(base=10, height=5.0)],
+        [AREA_ANSWER, {"triangle_area": {"base": [10], "height": [5.0], "unit": ["cm"]}}],
+        False,
+    ),
+    ("bool is never a number, even where answers allow 1", [area(base=True, height=5.0)], [AREA_ANSWER], False),
+    ("answers of another type are a variable, compared as written", [area(base="n", height=5.0)],
+     [{"triangle_area": {"base": ["n"], "height": [5.0]}}], True),
+    ("a variable is not normalised", [area(base="N", height=5.0)], [{"triangle_area": {"base": ["n"], "height": [5.0]}}], False),
+    ("list items: the item type or the answer items' type", [weather(city="NYC", days=[1, 2])],
+     [{"weather": {"city": ["NYC"], "days": [[1.0, 2.0]]}}], False),
     ("irrelevance: no call is right", [], [], True),
     ("irrelevance: any call is wrong", [weather(city="NYC")], [], False),
     ("relevant: no call is wrong", [], [AREA_ANSWER], False),

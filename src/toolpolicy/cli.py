@@ -35,7 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--gate", choices=("on", "off", "both"), default="on",
         help="enforce the config's policy (on), not (off), or run both and compare them side by side",
     )
-    evaluate.add_argument("--bfcl", metavar="FILE", help="score single-turn function calls on a BFCL-shaped JSONL file instead")
+    evaluate.add_argument(
+        "--bfcl", metavar="FILE", help="score single-turn function calls on a BFCL-shaped JSONL file instead, or 'v4': BFCL v4's own categories (bfcl-eval package)"
+    )
+    evaluate.add_argument("--categories", metavar="A,B", help="with --bfcl v4: the categories to run (default: every single-turn one)")
     evaluate.add_argument("--answers", metavar="FILE", help="with --bfcl: ground truth in a separate file (lines of id, ground_truth)")
 
     ablate = commands.add_parser("ablate", help="compare algorithm presets on one environment with the same seeds and budget")
@@ -286,7 +289,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     checkpoint = None
     if not cfg.endpoint_url:
         checkpoint = Path(cfg.eval_checkpoint) if cfg.eval_checkpoint else _newest_model(run_dir)
-    if args.bfcl:
+    if args.bfcl == "v4":
+        from toolpolicy.eval.bfcl import format_bfcl, score_bfcl
+        from toolpolicy.eval.bfcl_v4 import bfcl_scores, load_v4, parse_categories
+
+        entries = load_v4(parse_categories(args.categories))
+        print(format_bfcl(score_bfcl(cfg, checkpoint, entries, run_dir, name="bfcl_v4", groups=bfcl_scores)))
+    elif args.bfcl:
         from toolpolicy.eval.bfcl import format_bfcl, load_entries, score_bfcl
 
         print(format_bfcl(score_bfcl(cfg, checkpoint, load_entries(args.bfcl, args.answers), run_dir)))

@@ -20,14 +20,15 @@ accuracy overall and per category, and the mean ToolRL-style reward components.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from toolpolicy.jsonl import read_objects
-from toolpolicy.rewards.bfcl import Expected, call_reward, match_calls
+from toolpolicy.rewards.bfcl import Expected, Language, Match, call_reward, match_calls
 from toolpolicy.rollout import GenRequest
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, decode_reply
 from toolpolicy.config import Config, ConfigError
@@ -44,14 +45,60 @@ class BfclFileError(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
+    """One single-turn question, the functions it offers and what counts as right.
+
+    `kind`: "ast" compares the calls with `expected` (none expected: no call is
+    right); "relevance" passes with any call at all. `shown` is the function list
+    as the model sees it, where it differs from the one the answers are checked
+    against (BFCL shows Java and JavaScript parameters as strings).
+    """
+
     id: str
     category: str
     messages: list[Message]
     functions: list[dict[str, Any]]
     expected: list[Expected]
+    language: Language = "python"
+    kind: Literal["ast", "relevance"] = "ast"
+    shown: list[dict[str, Any]] | None = None
 
     def specs(self) -> list[ToolSpec]:
-        return [ToolSpec(f["name"], f.get("description", ""), json_schema(f.get("parameters") or {})) for f in self.functions]
+        """The tools as the model is offered them, with "." in names as "_" (what OpenAI-style names allow)."""
+        return [
+            ToolSpec(shown_name(f["name"]), f.get("description", ""), json_schema(f.get("parameters") or {}))
+            for f in self.shown or self.functions
+        ]
+
+    def called(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """The calls with each shown name turned back into the function's own."""
+        names = {shown_name(f["name"]): f["name"] for f in self.functions}
+        return [ToolCall(names.get(call.name, call.name), call.arguments, call.id) for call in calls]
+
+    def verdict(self, calls: list[ToolCall]) -> Match:
+        """BFCL's verdict on the calls the model made (with the entry's own names)."""
+        if self.kind == "relevance":
+            return Match(bool(calls), () if calls else ("expected a call (relevant request), got none",))
+        return match_calls(calls, self.functions, self.expected, self.language)
+
+    def reward(self, calls: list[ToolCall], malformed: int) -> dict[str, float]:
+        """ToolRL-style components; for relevance, any call earns the call parts."""
+        if self.kind == "relevance":
+            fmt, score = (1.0 if malformed == 0 else 0.0), float(bool(calls))
+            return {"format": fmt, "tool_name": score, "param_names": score, "param_values": score, "total": (fmt + 3 * score) / 4}
+        return call_reward(calls, malformed, self.functions, self.expected, self.language)
+
+
+def shown_name(name: str) -> str:
+    """A function name as the model is shown it: OpenAI-style names allow no ".", BFCL writes "_" for it."""
+    return name.replace(".", "_")
+
+
+def check_names(functions: list[dict[str, Any]], where: str) -> None:
+    """Two functions whose shown names coincide ("a.b" and "a_b") could not be told apart in a call."""
+    shown = [shown_name(f["name"]) for f in functions]
+    clashes = sorted({name for name in shown if shown.count(name) > 1})
+    if clashes:
+        raise BfclFileError(f"{where}: functions shown as {clashes} differ only by '.' and '_'; rename one")
 
 
 def json_schema(schema: Any) -> Any:
@@ -106,18 +153,30 @@ def _entry(row: dict[str, Any], truth: dict[str, Any], where: str) -> Entry:
         raise BfclFileError(f"{where}: no ground truth for {row['id']!r} (inline 'ground_truth' or --answers)")
     if not isinstance(expected, list) or not all(isinstance(e, dict) and len(e) == 1 for e in expected):
         raise BfclFileError(f"{where}: 'ground_truth' must be a list of {{function: {{parameter: [values]}}}}")
+    check_names(functions, where)
     category = str(row.get("category") or row["id"].rsplit("_", 1)[0])
     messages = [Message(m["role"], str(m.get("content", ""))) for m in question]
     return Entry(row["id"], category, messages, functions, expected)
 
 
-def score_bfcl(cfg: Config, checkpoint: Path | None, entries: list[Entry], out_dir: Path) -> dict[str, Any]:
-    """Run the model once per entry, match its calls, write eval/bfcl.json and bfcl_results.jsonl."""
+def score_bfcl(
+    cfg: Config,
+    checkpoint: Path | None,
+    entries: list[Entry],
+    out_dir: Path,
+    name: str = "bfcl",
+    groups: Callable[[dict[str, dict[str, Any]]], dict[str, float | None]] | None = None,
+) -> dict[str, Any]:
+    """Run the model once per entry, match its calls, write eval/NAME.json and NAME_results.jsonl.
+
+    `groups` turns the per-category rows into the benchmark's group scores (BFCL v4's), kept as "groups".
+    """
     turns = _endpoint_turns(cfg, entries) if cfg.endpoint_url else _local_turns(cfg, checkpoint, entries)
     results = []
-    for entry, (calls, malformed, text) in zip(entries, turns):
-        match = match_calls(calls, entry.functions, entry.expected)
-        reward = call_reward(calls, malformed, entry.functions, entry.expected)
+    for entry, (shown_calls, malformed, text) in zip(entries, turns):
+        calls = entry.called(shown_calls)
+        match = entry.verdict(calls)
+        reward = entry.reward(calls, malformed)
         results.append(
             {
                 "id": entry.id,
@@ -132,10 +191,12 @@ def score_bfcl(cfg: Config, checkpoint: Path | None, entries: list[Entry], out_d
         )
     summary = summarize_bfcl(results)
     summary["model"] = cfg.endpoint_model if cfg.endpoint_url else str(checkpoint)
+    if groups is not None:
+        summary["groups"] = groups(summary["by_category"])
     folder = out_dir / "eval"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "bfcl.json").write_text(json.dumps(summary, indent=2))
-    (folder / "bfcl_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    (folder / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    (folder / f"{name}_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
     return summary
 
 
@@ -160,6 +221,8 @@ def format_bfcl(summary: dict[str, Any]) -> str:
     lines = [f"BFCL-style calls: {summary['model']}", f"{'category':<22}{'n':>5}{'accuracy':>10}{'reward':>8}"]
     for name, row in [*summary["by_category"].items(), ("all", summary)]:
         lines.append(f"{name:<22}{row['n']:>5}{row['accuracy'] * 100:>9.1f}%{row['reward']['total']:>8.2f}")
+    for name, score in (summary.get("groups") or {}).items():
+        lines.append(f"{name:<27}" + (f"{score * 100:>9.1f}%" if score is not None else f"{'-':>10}"))
     return "\n".join(lines)
 
 

@@ -1,23 +1,37 @@
-"""Function-call matching in the style of the Berkeley Function Calling Leaderboard (BFCL).
+"""Function-call matching by the rules of the Berkeley Function Calling Leaderboard (BFCL).
 
 An entry gives the functions a model may call and, per expected call, the
 acceptable values of each parameter:
 
     {"calculate_area": {"base": [10], "unit": ["cm", "centimeters", ""]}}
 
-The empty string marks a parameter that may be left out. `match_calls` applies
-BFCL's AST-checker rules (Patil et al., "The Berkeley Function Calling
-Leaderboard", 2024), for Python-typed functions:
+The empty string marks a parameter that may be left out. `match_calls` gives the
+verdict of BFCL's AST checker (Patil et al., "The Berkeley Function Calling
+Leaderboard", 2024; the checker of the `bfcl-eval` package, which the tests run
+side by side with this one on every entry of BFCL v4):
 
 - the function name is exact; every required parameter is present; no parameter
   outside the function's schema or the acceptable table;
-- types are checked against the schema, with an int accepted where a float is
-  expected (a bool is never a number);
+- the value's Python type must be the schema's exactly (an int is never a bool
+  nor a float), except that an int is taken for a float parameter and a value of
+  the answers' own type is taken as a "variable" (answers written as strings for
+  an int parameter accept a string, compared as written);
+- a list's items are type-checked one level deep against the item type, or the
+  type of the answer's items (an int in a float list only where the answer has one);
 - strings are compared after lower-casing and removing spaces and , . / - _ * ^
-  (so "April 1, 2024" matches "april 1 2024"); lists element by element with
-  the same rule for their strings; dicts key by key;
-- several expected calls (parallel) match the model's calls in any order, one to
-  one; an entry with no expected call (irrelevance) passes only if no call is made.
+  (so "April 1, 2024" matches "april 1 2024"), a list's strings likewise (only
+  at its top level), dicts key by key, lists of dicts dict by dict; numbers and
+  booleans by Python equality (so 1 equals 1.0, and True equals 1 where the
+  answers' type differs from the schema's);
+- several expected calls (parallel) take, each in turn, the first unused call
+  that matches it. That is greedy, as BFCL's checker is: when an earlier expected
+  call takes a call a later one needed, the entry fails even though another
+  pairing would match (f(x=1) and f() against f(x=1 or left out) then f(x=1)).
+  Scores keep that verdict so they are BFCL's;
+- an entry with no expected call (irrelevance) passes only if no call is made.
+
+Java and JavaScript entries (`language`) take each value as a string holding a
+source literal, read by `toolpolicy.rewards.bfcl_literals` the way BFCL reads it.
 
 `call_reward` turns the same comparison into fine-grained reward components in
 the style of ToolRL (Qian et al., 2025): format, tool names, parameter names and
@@ -26,34 +40,29 @@ parameter values, each in [0, 1], so a partly right call earns partial credit.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from toolpolicy.rewards.bfcl_literals import JAVA_TYPES, JS_TYPES, UnreadableType, read_java, read_js
 from toolpolicy.types import ToolCall
 
 Expected = dict[str, dict[str, list[Any]]]
 """One expected call: {function name: {parameter: [acceptable values]}}."""
+Language = Literal["python", "java", "javascript"]
 
 _PUNCTUATION = re.compile(r"[ ,./\-_*^]")
-_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "float": (float, int),
-    "number": (float, int),
-    "boolean": (bool,),
-    "array": (list, tuple),
-    "tuple": (list, tuple),
-    "dict": (dict,),
-    "object": (dict,),
+PYTHON_TYPES: dict[str, type] = {
+    "string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list, "dict": dict, "any": str,
+    "number": float, "object": dict,  # JSON Schema's names, for files of our own
 }
-MAX_EXPECTED_CALLS = 8  # matching tries assignments; BFCL's parallel entries have at most a handful
+"""The Python type each BFCL Python type is checked as ("any" means a string, as in BFCL)."""
+_LITERALS = {"java": (JAVA_TYPES, read_java, ("Array", "ArrayList")), "javascript": (JS_TYPES, read_js, ("array",))}
 
 
 def normalize(text: str) -> str:
-    """BFCL's string standardisation: lower case, without spaces and , . / - _ * ^.
+    """BFCL's string standardisation: lower case, without spaces and , . / - _ * ^, single quotes as double.
 
     >>> normalize("April 1, 2024") == normalize("april 1 2024")
     True
@@ -69,24 +78,26 @@ class Match:
     problems: tuple[str, ...] = ()
 
 
-def match_calls(calls: Sequence[ToolCall], functions: Sequence[dict[str, Any]], expected: Sequence[Expected]) -> Match:
-    """BFCL's verdict on a model's calls: the expected calls in any order, one to one."""
+def match_calls(
+    calls: Sequence[ToolCall], functions: Sequence[dict[str, Any]], expected: Sequence[Expected], language: Language = "python"
+) -> Match:
+    """BFCL's verdict on a model's calls: each expected call in turn takes the first unused call that matches it."""
     if not expected:
         return Match(not calls, () if not calls else (f"expected no call (irrelevant request), got {len(calls)}",))
     if len(calls) != len(expected):
         return Match(False, (f"expected {len(expected)} call(s), got {len(calls)}",))
-    if len(expected) > MAX_EXPECTED_CALLS:
-        raise ValueError(f"an entry expects {len(expected)} calls; at most {MAX_EXPECTED_CALLS} are supported")
     schemas = {f["name"]: f for f in functions}
-    table = [[call_problems(call, schemas, want) for call in calls] for want in expected]
-    for order in itertools.permutations(range(len(calls))):
-        if all(not table[i][j] for i, j in enumerate(order)):
-            return Match(True)
-    closest = min(itertools.permutations(range(len(calls))), key=lambda order: sum(len(table[i][j]) for i, j in enumerate(order)))
-    return Match(False, tuple(p for i, j in enumerate(closest) for p in table[i][j]))
+    unused = list(range(len(calls)))
+    for want in expected:
+        tried = {j: call_problems(calls[j], schemas, want, language) for j in unused}
+        matched = next((j for j, problems in tried.items() if not problems), None)
+        if matched is None:
+            return Match(False, tuple(min(tried.values(), key=len)))
+        unused.remove(matched)
+    return Match(True)
 
 
-def call_problems(call: ToolCall, schemas: dict[str, dict[str, Any]], expected: Expected) -> list[str]:
+def call_problems(call: ToolCall, schemas: dict[str, dict[str, Any]], expected: Expected, language: Language = "python") -> list[str]:
     """What is wrong with `call` as the one expected call (empty: it matches)."""
     ((name, acceptable),) = expected.items()
     if call.name != name:
@@ -98,68 +109,109 @@ def call_problems(call: ToolCall, schemas: dict[str, dict[str, Any]], expected: 
         if param not in properties or param not in acceptable:
             problems.append(f"{name}: unexpected parameter {param!r}")
             continue
-        problems += value_problems(f"{name}.{param}", value, properties[param], acceptable[param])
+        problems += value_problems(f"{name}.{param}", value, properties[param], acceptable[param], language)
     problems += [
         f"{name}: missing parameter {p!r}" for p, values in acceptable.items() if p not in call.arguments and "" not in values
     ]
     return problems
 
 
-def value_problems(where: str, value: Any, schema: dict[str, Any], acceptable: list[Any]) -> list[str]:
-    """Type check against the schema, then the value against the acceptable ones."""
+def value_problems(where: str, value: Any, schema: dict[str, Any], acceptable: list[Any], language: Language = "python") -> list[str]:
+    """BFCL's type check of one argument against its schema, then its comparison with the acceptable values."""
     kind = schema.get("type", "any")
-    allowed = _TYPES.get(kind)
-    if allowed is not None and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
-        return [f"{where}: expected {kind}, got {type(value).__name__} {value!r:.40}"]
-    if isinstance(value, str):
-        ok = normalize(value) in {normalize(a) for a in acceptable if isinstance(a, str) and a != ""}
-    elif isinstance(value, (list, tuple)):
-        ok = any(_same_list(value, a) for a in acceptable if isinstance(a, (list, tuple)))
-    elif isinstance(value, dict):
-        ok = any(_same_dict(value, a) for a in acceptable if isinstance(a, dict))
+    item_kind = (schema.get("items") or {}).get("type")
+    if language == "python":
+        want, item_type = PYTHON_TYPES.get(kind), PYTHON_TYPES.get(item_kind) if kind in ("array", "tuple") else None
+        if kind == "float" and type(value) is int:
+            value = float(value)
     else:
-        ok = any(_same_scalar(value, a) for a in acceptable)
+        types, read, nested = _LITERALS[language]
+        if not isinstance(value, str):
+            return [f"{where}: a {language} value is written as a string literal, got {type(value).__name__}"]
+        want, item_type = types.get(kind), types.get(item_kind) if kind in nested else None
+        try:
+            value = read(value, kind, item_kind if kind in nested else None)
+        except UnreadableType as error:
+            return [f"{where}: {error}"]
+    if want is None:  # a type BFCL does not name: compare the value alone
+        return [] if _plain_equal(value, acceptable) else [f"{where}: {value!r:.60} is not one of {acceptable!r:.80}"]
+    answer_type = next((type(a) for a in acceptable if a != ""), None)
+    variable = answer_type is not None and answer_type is not want
+    if type(value) is want:
+        if item_type is not None and not any(_items_typed(value, answer, item_type) for answer in acceptable):
+            return [f"{where}: the items of {value!r:.40} are not {item_kind}"]
+    elif answer_type is not None and type(value) is answer_type:
+        variable = True
+    else:
+        return [f"{where}: expected {kind}, got {type(value).__name__} {value!r:.40}"]
+    ok = value in acceptable if variable or want not in (dict, list, str) else _COMPARE[want, item_type is dict](value, acceptable)
     return [] if ok else [f"{where}: {value!r:.60} is not one of {acceptable!r:.80}"]
 
 
-def _same_scalar(value: Any, answer: Any) -> bool:
-    """Numbers by value (5 == 5.0), booleans only with booleans, never with a string."""
-    return isinstance(value, bool) == isinstance(answer, bool) and not isinstance(answer, str) and value == answer
+def _plain_equal(value: Any, acceptable: list[Any]) -> bool:
+    if isinstance(value, str):
+        return _same_string(value, acceptable)
+    return value in acceptable
+
+
+def _items_typed(value: list[Any], answer: Any, item_type: type) -> bool:
+    """One level of item types: each item of the schema's item type or of the answer's items' type.
+
+    An answer that is not a list (the "" of an optional parameter) checks nothing.
+    """
+    if not isinstance(answer, list):
+        return True
+    answer_item_type = next((type(a) for a in answer if a != ""), None)
+    return all(type(item) is item_type or type(item) is answer_item_type for item in value)
+
+
+def _same_string(value: str, acceptable: list[Any]) -> bool:
+    return normalize(value) in {normalize(a) for a in acceptable if type(a) is str}
 
 
 def _plain(item: Any) -> Any:
-    return normalize(item) if isinstance(item, str) else item
+    return normalize(item) if type(item) is str else item
 
 
-def _same_list(value: Sequence[Any], answer: Sequence[Any]) -> bool:
-    if len(value) != len(answer):
-        return False
-    for got, want in zip(value, answer):
-        if isinstance(got, dict) and isinstance(want, dict):
-            if not _same_dict(got, want):
-                return False
-        elif isinstance(got, str) or isinstance(want, str):
-            if not (isinstance(got, str) and isinstance(want, str) and normalize(got) == normalize(want)):
-                return False
-        elif not _same_scalar(got, want):
-            return False
-    return True
+def _same_list(value: list[Any], acceptable: list[Any]) -> bool:
+    """Top-level strings normalised, everything else by equality; "" among the answers stands for []."""
+    return [_plain(item) for item in value] in [[_plain(item) for item in answer] for answer in acceptable]
 
 
-def _same_dict(value: dict[str, Any], answer: dict[str, Any]) -> bool:
+def _same_dict(value: dict[str, Any], acceptable: list[Any]) -> bool:
+    return any(_dict_matches(value, answer) for answer in acceptable if answer != "")
+
+
+def _dict_matches(value: dict[str, Any], answer: dict[str, list[Any]]) -> bool:
     """Every key of `value` is allowed with an acceptable value; every key left out may be."""
     for key, got in value.items():
-        options = answer.get(key)
-        if options is None:
+        if key not in answer or _plain(got) not in [_plain(option) for option in answer[key]]:
             return False
-        options = options if isinstance(options, list) else [options]
-        if _plain(got) not in [_plain(o) for o in options if o != ""]:
-            return False
-    return all(key in value or (isinstance(o, list) and "" in o) for key, o in answer.items())
+    return all(key in value or "" in options for key, options in answer.items())
+
+
+def _same_dict_list(value: list[Any], acceptable: list[Any]) -> bool:
+    """Dict by dict, in order, against one of the acceptable lists of dicts."""
+    return any(
+        len(value) == len(answer) and all(want != "" and _dict_matches(got, want) for got, want in zip(value, answer))
+        for answer in acceptable
+    )
+
+
+_COMPARE = {
+    (str, False): _same_string,
+    (list, False): _same_list,
+    (list, True): _same_dict_list,
+    (dict, False): _same_dict,
+}
 
 
 def call_reward(
-    calls: Sequence[ToolCall], malformed: int, functions: Sequence[dict[str, Any]], expected: Sequence[Expected]
+    calls: Sequence[ToolCall],
+    malformed: int,
+    functions: Sequence[dict[str, Any]],
+    expected: Sequence[Expected],
+    language: Language = "python",
 ) -> dict[str, float]:
     """ToolRL-style components in [0, 1] and their mean as "total".
 
@@ -183,7 +235,7 @@ def call_reward(
     for want in expected:
         ((name, acceptable),) = want.items()
         properties = ((schemas.get(name) or {}).get("parameters") or {}).get("properties") or {}
-        scored = [(_param_scores(c, acceptable, properties), i) for i, c in enumerate(unused) if c.name == name]
+        scored = [(_param_scores(c, acceptable, properties, language), i) for i, c in enumerate(unused) if c.name == name]
         if not scored:
             param_names.append(0.0)
             param_values.append(0.0)
@@ -197,11 +249,13 @@ def call_reward(
     return {**parts, "total": mean(list(parts.values()))}
 
 
-def _param_scores(call: ToolCall, acceptable: dict[str, list[Any]], properties: dict[str, Any]) -> tuple[float, float]:
+def _param_scores(
+    call: ToolCall, acceptable: dict[str, list[Any]], properties: dict[str, Any], language: Language
+) -> tuple[float, float]:
     """(parameter-name Jaccard, share of acceptable values) of `call` against one expected call."""
     needed = {p for p, values in acceptable.items() if "" not in values} | set(call.arguments)
     union = needed | {p for p in acceptable if p in call.arguments}
     names = len(set(call.arguments) & set(acceptable)) / max(1, len(union))
     given = [p for p in call.arguments if p in acceptable and p in properties]
-    right = sum(not value_problems(p, call.arguments[p], properties[p], acceptable[p]) for p in given)
+    right = sum(not value_problems(p, call.arguments[p], properties[p], acceptable[p], language) for p in given)
     return names, right / max(1, len(needed))
