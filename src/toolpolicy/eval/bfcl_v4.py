@@ -24,11 +24,11 @@ equal weights, the part of the overall that these categories decide.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
+from toolpolicy.envs.bfcl.data import BfclDataError, data_dir
 from toolpolicy.eval.bfcl import BfclFileError, Entry, check_names
 from toolpolicy.types import Message
 
@@ -50,10 +50,10 @@ _HINTS = {"python": "Python 3 syntax", "java": "Java 8 SDK syntax", "javascript"
 
 def data_folder() -> Path:
     """`bfcl_eval/data` of the installed package, found without importing it (its imports pull API clients)."""
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise BfclFileError(f"BFCL v4 reads its data from the bfcl-eval package, which is not installed: {INSTALL}")
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
+    try:
+        return data_dir()
+    except BfclDataError as error:
+        raise BfclFileError(f"BFCL v4 reads its data from the bfcl-eval package: {error}") from None
 
 
 def parse_categories(text: str | None) -> tuple[str, ...]:
