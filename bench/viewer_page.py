@@ -9,7 +9,7 @@ RUN_DIR is a run folder with a rollout store, e.g. three RL steps of the hotel j
 
 Writes the report three ways and measures each page: no viewer (0 steps), the default
 limits, and everything the store holds; the viewer's JSON per embedded episode and per
-1,000 embedded tokens, against the store's own Parquet bytes. With --screenshot, opens the
+1,000 embedded tokens, against the store's own Parquet bytes and its rows as plain JSON. With --screenshot, opens the
 default page in headless Chromium (tests/browser.py), shows the first group of the last
 step side by side with a token's tooltip, and saves the Rollouts section as a PNG.
 Writes bench/results/viewer_page_RUNNAME.json.
@@ -22,6 +22,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -51,14 +53,24 @@ def page_figures(run_dir: Path, steps: int, episodes: int) -> dict:
 
 
 def screenshot(run_dir: Path, out: Path) -> None:
+    """The Rollouts section of the default page: a group with a gate denial if the last step
+    has one, side by side, with one sampled token's tooltip open."""
     with chromium(width=1400, height=1100) as context:
         page = context.new_page()
         page.goto((run_dir / "report.html").as_uri())
         page.wait_for_selector("#viewer-list tbody tr")
+        page.add_style_tag(content="nav { position: static; }")  # not over the section's top
+        page.check("#viewer-denied")
+        if not page.locator("#viewer-list tbody tr").count():
+            page.uncheck("#viewer-denied")
         page.click("#viewer-tab-group")
+        section = page.locator("#rollouts")
+        section.scroll_into_view_if_needed()
         sampled = page.locator(".group-column.selected .tok.sampled")
         sampled.nth(sampled.count() // 3).hover()
-        page.locator("#rollouts").screenshot(path=str(out))
+        box = section.evaluate("s => { const r = s.getBoundingClientRect();"
+                               " return {x: r.left + scrollX, y: r.top + scrollY, width: r.width, height: r.height}; }")
+        page.screenshot(path=str(out), full_page=True, clip=box)  # page coordinates: no scroll, the hover stays
 
 
 def main() -> None:
@@ -74,6 +86,9 @@ def main() -> None:
     result = {
         "run": args.run_dir.name, "stored_steps": len(steps),
         "store_parquet_bytes": sum(step_file(folder, s).stat().st_size for s in steps),
+        # the same rows as plain JSON, to set against the page's "everything" JSON
+        "store_rows_json_bytes": sum(len(json.dumps(row, default=str).encode())
+                                     for s in steps for row in pq.read_table(step_file(folder, s)).to_pylist()),
         # the default page last, so RUN_DIR/report.html is left as `toolpolicy report` writes it
         "pages": [page_figures(args.run_dir, *limits) for limits in ((0, 0), everything, (VIEWER_STEPS, VIEWER_EPISODES))],
     }

@@ -164,8 +164,10 @@
     return block;
   }
 
-  function tokensOf(e, largest) {
+  // The episode's tokens from `first` on (the group view starts after the prompt, the same in every column).
+  function tokensOf(e, largest, first = 0) {
     const box = element("div", "tokens");
+    if (first > 0) box.append(element("div", "muted", `[prompt: ${first} tokens, shown in the episode view]`));
     const index = sampledIndex(e);
     const eventsByTurn = new Map();
     for (const ev of e.events) eventsByTurn.set(ev[1], [...(eventsByTurn.get(ev[1]) || []), ev]);
@@ -174,6 +176,7 @@
       if (eventsByTurn.has(turn)) { box.append(eventsBlock(eventsByTurn.get(turn))); eventsByTurn.delete(turn); }
     };
     e.ids.forEach((id, i) => {
+      if (i < first) return;
       if (turnEndingAt.has(i)) flushTurn(turnEndingAt.get(i));
       const k = index[i];
       const kind = k >= 0 ? "sampled" : i < e.prompt_len ? "prompt" : "observation";
@@ -212,7 +215,7 @@
     const columns = element("div", "group-columns");
     for (const m of members) {
       const column = element("div", m === e ? "group-column selected" : "group-column");
-      column.append(element("div", "group-head", `ep ${m.episode} · reward ${m.reward.toFixed(3)}${m.truncated ? " · truncated" : ""}${denials(m) ? ` · ${denials(m)} denied` : ""}`), tokensOf(m, largest));
+      column.append(element("div", "group-head", `ep ${m.episode} · reward ${m.reward.toFixed(3)}${m.truncated ? " · truncated" : ""}${denials(m) ? ` · ${denials(m)} denied` : ""}`), tokensOf(m, largest, m.prompt_len));
       columns.append(column);
     }
     box.append(columns);
