@@ -45,7 +45,8 @@ def render_page(run: RunFiles, rollouts: dict | None = None) -> str:
         ("headline", "Headline", _headline(run)),
         ("before-after", "Before vs after", _before_after(run)),
         ("pass-at-k", "pass@k", _pass_at_k(run)),
-        ("rl", "RL training", _plots(rl_plots(run.metrics or []), run.metrics, "no RL steps in metrics.jsonl")),
+        ("rl", "RL training", _plots(rl_plots(run.metrics or []), run.metrics, "no RL steps in metrics.jsonl")
+         + (_ROLLOUTS_LINK if rollouts else "")),
         ("rollouts", "Rollouts", viewer_section(rollouts)),
         ("sft", "SFT", _plots(sft_plots(run.metrics or []), run.metrics, "no SFT steps in metrics.jsonl")),
         ("samples-before", f"Sample episodes: before ({run.before_name})",
@@ -74,6 +75,10 @@ def render_page(run: RunFiles, rollouts: dict | None = None) -> str:
 </body>
 </html>
 """
+
+
+_ROLLOUTS_LINK = ('<p class="muted">Each step\'s episodes, token by token: click a point of the reward curve in '
+                  '<a href="#rollouts">Rollouts</a>.</p>')
 
 
 def _not_available(what: str) -> str:
