@@ -5,9 +5,14 @@
 # torchvision/torchaudio/torchcodec that break `import vllm` (and xgrammar pulls triton,
 # 1 GB with no CPU backend). The `vllm` extra is the rest of what it needs. The uninstall
 # clears those CUDA packages from a venv where vllm was once installed the plain way.
+#
+# The viewer's browser test (tests/test_viewer.py) drives Debian's chromium through Playwright
+# (the dev extra): Playwright cannot download its own browser here. `make test` installs chromium
+# only when /usr/bin/chromium is missing; without apt (or root) it says so and the test skips.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test setup clean
 
@@ -26,8 +31,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/toolpolicy demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q
+
+$(CHROMIUM):
+	(apt-get update -qq && apt-get install -y -qq chromium) \
+	  || echo "chromium not installed (apt-get failed): tests/test_viewer.py will skip"
 
 clean:
 	rm -rf $(VENV) runs

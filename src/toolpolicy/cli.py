@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir")
     report.add_argument("--before", default="sft")
     report.add_argument("--after", default="rl")
+    report.add_argument("--viewer-steps", help="stored RL steps the rollout viewer embeds, the last ones (default 8)")
+    report.add_argument("--viewer-episodes", help="episodes embedded per step, as whole groups (default 32)")
 
     export = commands.add_parser("export", help="write a run's newest model (or a checkpoint) as a plain Hugging Face folder")
     export.add_argument("source", help="a run folder (its rl/final, else sft/final) or a checkpoint folder")
@@ -361,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             from toolpolicy.report.__main__ import main as report_main
 
-            return report_main([args.run_dir, "--before", args.before, "--after", args.after])
+            limits = [(flag, value) for flag, value in (("--viewer-steps", args.viewer_steps),
+                                                        ("--viewer-episodes", args.viewer_episodes)) if value]
+            return report_main([args.run_dir, "--before", args.before, "--after", args.after,
+                                *(part for pair in limits for part in pair)])
         elif args.command == "demo":
             from toolpolicy.demo import default_config_path, run_demo
 

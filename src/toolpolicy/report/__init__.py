@@ -10,7 +10,8 @@ Reads only files (see run_files.py for the folder layout), so a report can be
 rebuilt for any finished or half-finished run without torch or a model.
 
 Modules: run_files (reading), comparison (before/after rows, terminal table),
-plots (PNG figures), trajectories (episode viewer), page (the HTML document),
+plots (PNG figures), trajectories (sample episodes), viewer (the stored RL rollouts, token by
+token), rollout_view (the same in the terminal), page (the HTML document),
 readme_tables (README.md's results tables, from the summaries published in docs/results/).
 """
 

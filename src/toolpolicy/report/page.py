@@ -1,9 +1,11 @@
 """The report page: one self-contained report.html per run folder.
 
 Self-contained means it opens from a laptop, an email attachment or a CI artifact
-with no network: CSS is inline and every plot is a base64 PNG inside its <img>.
+with no network: CSS and the viewer's script are inline, every plot is a base64 PNG
+inside its <img> and the viewer's rollouts are JSON inside the page.
 Sections, top to bottom: headline numbers, before/after by difficulty, pass@k, RL
-training curves, SFT loss, sample trajectories before and after, the config.
+training curves, the stored RL rollouts token by token (viewer.py), SFT loss, sample
+trajectories before and after, the config.
 """
 
 from __future__ import annotations
@@ -15,29 +17,37 @@ from toolpolicy.report.comparison import Row, comparison_rows, detail_rows, metr
 from toolpolicy.report.plots import SMOOTH_FROM, Plot, comparison_plot, rl_plots, sft_plots
 from toolpolicy.report.run_files import RunFiles, read_run
 from toolpolicy.report.trajectories import pick_samples, render_episode
+from toolpolicy.report.viewer import VIEWER_EPISODES, VIEWER_STEPS, viewer_css, viewer_data, viewer_section
 
 SAMPLES_SHOWN = 6
 """Episodes shown per evaluation, picked as a mix of difficulties and outcomes."""
 
 
-def write_report(run_dir: Path, before: str = "sft", after: str = "rl") -> Path:
+def write_report(run_dir: Path, before: str = "sft", after: str = "rl",
+                 viewer_steps: int = VIEWER_STEPS, viewer_episodes: int = VIEWER_EPISODES) -> Path:
     """Read run_dir's files and write run_dir/report.html; return its path.
 
-    `before` and `after` name the evaluations compared (eval/<name>.json). Missing
-    pieces are shown as "not available"; a malformed file raises RunFileError.
+    `before` and `after` name the evaluations compared (eval/<name>.json). The
+    rollout viewer embeds the last `viewer_steps` stored RL steps, `viewer_episodes`
+    episodes of each. Missing pieces are shown as "not available"; a malformed file
+    raises RunFileError.
     """
     run = read_run(Path(run_dir), before, after)
+    rollouts = viewer_data(run.run_dir, run.metrics, run.config_text, viewer_steps, viewer_episodes)
     path = run.run_dir / "report.html"
-    path.write_text(render_page(run), encoding="utf-8")
+    path.write_text(render_page(run, rollouts), encoding="utf-8")
     return path
 
 
-def render_page(run: RunFiles) -> str:
+def render_page(run: RunFiles, rollouts: dict | None = None) -> str:
+    """The page; `rollouts` is viewer.viewer_data's result (None: no stored rollouts)."""
     sections = [
         ("headline", "Headline", _headline(run)),
         ("before-after", "Before vs after", _before_after(run)),
         ("pass-at-k", "pass@k", _pass_at_k(run)),
-        ("rl", "RL training", _plots(rl_plots(run.metrics or []), run.metrics, "no RL steps in metrics.jsonl")),
+        ("rl", "RL training", _plots(rl_plots(run.metrics or []), run.metrics, "no RL steps in metrics.jsonl")
+         + (_ROLLOUTS_LINK if rollouts else "")),
+        ("rollouts", "Rollouts", viewer_section(rollouts)),
         ("sft", "SFT", _plots(sft_plots(run.metrics or []), run.metrics, "no SFT steps in metrics.jsonl")),
         ("samples-before", f"Sample episodes: before ({run.before_name})",
          _samples(run.before_samples, run.before_name)),
@@ -54,7 +64,8 @@ def render_page(run: RunFiles) -> str:
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{escape(title)}</title>
-<style>{CSS}</style>
+<link rel="icon" href="data:,">
+<style>{CSS}{viewer_css()}</style>
 </head>
 <body>
 <h1>{escape(title)}</h1>
@@ -64,6 +75,10 @@ def render_page(run: RunFiles) -> str:
 </body>
 </html>
 """
+
+
+_ROLLOUTS_LINK = ('<p class="muted">Each step\'s episodes, token by token: click a point of the reward curve in '
+                  '<a href="#rollouts">Rollouts</a>.</p>')
 
 
 def _not_available(what: str) -> str:
