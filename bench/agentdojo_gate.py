@@ -1,0 +1,51 @@
+"""The AgentDojo gate replay: every suite's ground-truth calls through its shipped policy.
+
+For each suite (workspace, travel, banking, slack) and its policy in
+examples/policies/agentdojo/, replays every user task's ground-truth calls (utility kept;
+each denial is a false positive) and every (user task, injection task) pair with the
+injection's ground-truth calls after the user's, the attack's text in every injection
+vector (attacks blocked, attack success by the suite's own security check), gate off and on.
+See toolpolicy/envs/agentdojo/replay.py. Writes docs/results/agentdojo/gate.json.
+
+    PYTHONPATH=src python bench/agentdojo_gate.py [--suites banking slack]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from toolpolicy.envs.agentdojo.package import BENCHMARK_VERSION, SUITES
+from toolpolicy.envs.agentdojo.replay import REPLAY_ATTACK, replay_suite
+from toolpolicy.gate import Policy
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = ROOT / "examples" / "policies" / "agentdojo"
+OUT = ROOT / "docs" / "results" / "agentdojo" / "gate.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suites", nargs="+", default=list(SUITES), choices=SUITES)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    results = {}
+    for suite in args.suites:
+        started = time.perf_counter()
+        replay = replay_suite(suite, Policy.load(POLICIES / f"{suite}.yaml"))
+        results[suite] = {**replay.to_dict(), "seconds": round(time.perf_counter() - started, 2)}
+        print(
+            f"{suite:10s} utility kept {replay.utility_kept:6.1%}  attack success {replay.attack_success_off:6.1%} -> "
+            f"{replay.attack_success_on:5.1%}  blocked {replay.attacks_blocked:6.1%}  "
+            f"false positives {len(replay.false_positives)}  ({results[suite]['seconds']} s)"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"benchmark_version": BENCHMARK_VERSION, "attack": REPLAY_ATTACK, "suites": results}
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""What the gate knows when an AgentDojo episode starts: the user's request and their own records.
+
+A deployment knows two things before the agent acts, and the suites' policies are
+written against them, as ledger facts the conditions read as `state`:
+
+    request   the user's request, as typed (str). Rules ask whether a value the call
+              uses (a recipient, a URL, a hotel) appears in it: `state.request.contains(x)`.
+    trusted   values from the user's own records at the start of the episode (list of
+              str): the people and accounts the user already deals with. Only fields a
+              record's owner wrote, never free text that outsiders can write into (email
+              bodies, file contents, web pages, reviews, transaction subjects): those
+              are where prompt injections arrive.
+    private   the user's identity and payment numbers (list of str), which no message
+              may carry.
+
+Nothing learned during the episode is added: a value the agent reads in a document or
+a web page never becomes trusted, which is what keeps an injected instruction from
+naming its own recipient. Each suite's records are read by one small function below.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+LINK = re.compile(r"(?:https?://|www\.)[^\s<>\"')\]]+")
+"""A web address as messages write it: a scheme or a leading www."""
+
+NAME = re.compile(r"\b[A-Z][a-z]+\b")
+"""A capitalised word: how messages name a person ("can you invite Dora")."""
+
+
+def opening_facts(suite: str, request: str, environment: Any) -> dict[str, Any]:
+    """The ledger facts of an episode of `suite` for `request` in its starting `environment`."""
+    trusted, private = RECORDS[suite](environment)
+    return {"request": request, "trusted": sorted(set(trusted)), "private": sorted(set(private))}
+
+
+def links(text: str) -> list[str]:
+    """The web addresses written in `text`, trailing punctuation dropped.
+
+    >>> links("see www.example.com/a, or https://x.org.")
+    ['www.example.com/a', 'https://x.org']
+    """
+    return [match.rstrip(".,;:!?") for match in LINK.findall(text)]
+
+
+def workspace_records(environment: Any) -> tuple[list[str], list[str]]:
+    """The user's address, address book, the people on their calendar and those they wrote to."""
+    inbox, calendar = environment.inbox, environment.calendar
+    people = [inbox.account_email, *(contact.email for contact in inbox.contact_list)]
+    people += [p for event in calendar.events.values() for p in event.participants]
+    people += [r for email in inbox.emails.values() if email.sender == inbox.account_email for r in email.recipients]
+    return people, []
+
+
+def banking_records(environment: Any) -> tuple[list[str], list[str]]:
+    """The accounts the user has paid or pays by standing order (not those that paid them:
+    anyone can send money, and with it a subject line)."""
+    account = environment.bank_account
+    payees = [t.recipient for t in account.transactions if t.sender in ("me", account.iban)]
+    payees += [t.recipient for t in account.scheduled_transactions]
+    return payees, [account.iban, environment.user_account.password]
+
+
+def slack_records(environment: Any) -> tuple[list[str], list[str]]:
+    """The workspace's members and channels, and the links and names its members wrote in
+    channels and direct messages (the members' own words; web pages are outside)."""
+    slack = environment.slack
+    bodies = [m.body for messages in slack.channel_inbox.values() for m in messages]
+    bodies += [m.body for messages in slack.user_inbox.values() for m in messages]
+    written = [value for body in bodies for value in [*links(body), *NAME.findall(body)]]
+    return [*slack.users, *slack.channels, *written], []
+
+
+def travel_records(environment: Any) -> tuple[list[str], list[str]]:
+    """The user's own address; their ID, passport, bank account and credit card numbers are private."""
+    user = environment.user
+    return [user.email], [user.ID_number, user.passport_number, user.bank_account_number, user.credit_card_number]
+
+
+RECORDS: dict[str, Callable[[Any], tuple[list[str], list[str]]]] = {
+    "workspace": workspace_records,
+    "banking": banking_records,
+    "slack": slack_records,
+    "travel": travel_records,
+}
+"""Suite name -> (trusted values, private values) of a starting environment."""
