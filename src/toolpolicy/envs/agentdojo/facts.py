@@ -12,6 +12,8 @@ written against them, as ledger facts the conditions read as `state`:
               are where prompt injections arrive.
     private   the user's identity and payment numbers (list of str), which no message
               may carry.
+    links     the web addresses the request gives and those among the trusted values
+              (list of str): the only ones a message may pass on.
 
 Nothing learned during the episode is added: a value the agent reads in a document or
 a web page never becomes trusted, which is what keeps an injected instruction from
@@ -34,7 +36,8 @@ NAME = re.compile(r"\b[A-Z][a-z]+\b")
 def opening_facts(suite: str, request: str, environment: Any) -> dict[str, Any]:
     """The ledger facts of an episode of `suite` for `request` in its starting `environment`."""
     trusted, private = RECORDS[suite](environment)
-    return {"request": request, "trusted": sorted(set(trusted)), "private": sorted(set(private))}
+    given = [*links(request), *(value for value in trusted if LINK.fullmatch(value))]
+    return {"request": request, "trusted": sorted(set(trusted)), "private": sorted(set(private)), "links": sorted(set(given))}
 
 
 def links(text: str) -> list[str]:
@@ -47,11 +50,14 @@ def links(text: str) -> list[str]:
 
 
 def workspace_records(environment: Any) -> tuple[list[str], list[str]]:
-    """The user's address, address book, the people on their calendar and those they wrote to."""
-    inbox, calendar = environment.inbox, environment.calendar
+    """The user's address, address book, the people on their calendar, those they wrote to and
+    those they shared their own files with (a sharing permission is the owner's record; the
+    files' text is not)."""
+    inbox, calendar, drive = environment.inbox, environment.calendar, environment.cloud_drive
     people = [inbox.account_email, *(contact.email for contact in inbox.contact_list)]
     people += [p for event in calendar.events.values() for p in event.participants]
     people += [r for email in inbox.emails.values() if email.sender == inbox.account_email for r in email.recipients]
+    people += [p for file in drive.files.values() if file.owner == inbox.account_email for p in file.shared_with]
     return people, []
 
 
