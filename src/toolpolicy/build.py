@@ -47,6 +47,8 @@ def build_env(cfg: Config) -> Env:
         )
         client = ChatClient(endpoint)
         return hotel.HotelEnv(user=lambda task: EndpointUser(client, hotel.scenario_text(task)))
+    if cfg.env == "agentdojo":
+        return make_env(cfg.env, suite=cfg.suite, attack=cfg.attack)
     if cfg.user:
         return make_env(cfg.env, user=user_factory(cfg.user))
     return make_env(cfg.env)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from toolpolicy.types import EventKind
 
@@ -305,6 +305,12 @@ class Config(BaseModel):
     scenario (training and evaluation); empty uses the scripted guest."""
     user_endpoint_model: str = ""
     """Model name for `user_endpoint_url`."""
+    suite: str = "banking"
+    """AgentDojo (`env: agentdojo`): the suite, one of workspace, travel, banking, slack."""
+    attack: str = "none"
+    """AgentDojo: `none` runs the user tasks alone (utility); an attack of the package that needs
+    no model (important_instructions, ignore_previous, direct, ...) runs every user task with
+    every injection task (utility under attack, attack success)."""
 
     @field_validator("device")
     @classmethod
@@ -342,6 +348,16 @@ class Config(BaseModel):
         from toolpolicy.envs import env_factory  # here: the environments import their tools
 
         env_factory(name)
+        return name
+
+    @field_validator("suite", "attack")
+    @classmethod
+    def _known_agentdojo_setting(cls, name: str, info: ValidationInfo) -> str:
+        from toolpolicy.envs.agentdojo.package import ATTACKS, SUITES
+
+        known = SUITES if info.field_name == "suite" else ATTACKS
+        if name not in known:
+            raise ValueError(f"unknown AgentDojo {info.field_name} {name!r}; known: {', '.join(known)}")
         return name
 
     @field_validator("user")

@@ -8,13 +8,14 @@ simulators. A config may name its own by import path (see toolpolicy.registry).
 import inspect
 from collections.abc import Callable
 
+from toolpolicy.envs.agentdojo.env import AgentDojoEnv
 from toolpolicy.envs.base import Env
 from toolpolicy.envs.bfcl import BfclMultiTurnEnv
 from toolpolicy.envs.calc import CalcEnv
 from toolpolicy.envs.hotel import HotelEnv, ScriptedUser
 from toolpolicy.registry import ENVIRONMENT, USER, resolve_callable
 
-ENVS: dict[str, type] = {"calc": CalcEnv, "hotel": HotelEnv, "bfcl_multi_turn": BfclMultiTurnEnv}
+ENVS: dict[str, type] = {"calc": CalcEnv, "hotel": HotelEnv, "bfcl_multi_turn": BfclMultiTurnEnv, "agentdojo": AgentDojoEnv}
 USERS: dict[str, Callable] = {"scripted": ScriptedUser}
 """User simulators: a factory `(task) -> User` for environments that take `user=`."""
 

@@ -188,6 +188,13 @@ def wrong_state_writes(episode: Episode) -> float:
     return float(episode.outcome.get("wrong_writes", 0))
 
 
+def attack_success(episode: Episode) -> float:
+    """1.0 if the environment reports that an injected attacker reached its goal
+    (`outcome["attacked"]`, e.g. an AgentDojo injection task's security check), else 0.0.
+    A metric (weight 0) or, negatively weighted, a penalty for following injected text."""
+    return 1.0 if episode.outcome.get("attacked") else 0.0
+
+
 def otc_reward(episode: Episode) -> float:
     """OTC-PO's reward (arXiv 2504.14870): correct_answer scaled by how close the number of
     tool calls is to the fewest the task needs (`task.info["min_tool_calls"]`): 1 at exactly
@@ -259,4 +266,5 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "goal_state": goal_state,
     "task_success": task_success,
     "wrong_state_writes": wrong_state_writes,
+    "attack_success": attack_success,
 }

@@ -31,7 +31,7 @@ import httpx
 from toolpolicy.chat import ParsedTurn
 from toolpolicy.envs.base import Env, Session, listed_specs
 from toolpolicy.gate import Gate, Ledger
-from toolpolicy.rollout.engine import Figures, GatedLoop, Limits, act, record_turn, truncate
+from toolpolicy.rollout.engine import Figures, GatedLoop, Limits, act, opening_ledger, record_turn, truncate
 from toolpolicy.types import CallError, Episode, Message, Task, ToolCall
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -192,7 +192,7 @@ class ChatEngine(GatedLoop):
         for task in tasks:
             messages = self.env.initial_messages(task)
             tools = [spec.to_openai() for spec in listed_specs(self.env, task)]
-            rollouts.append(ChatRollout(Episode(task, list(messages)), [to_wire(m) for m in messages], tools))
+            rollouts.append(ChatRollout(Episode(task, list(messages)), [to_wire(m) for m in messages], tools, opening_ledger(task)))
         with ThreadPoolExecutor(max_workers=max(1, self.client.endpoint.concurrency)) as pool:
 
             def take_turn(sessions: list[Session], live: list[int], turn: int) -> list[bool]:

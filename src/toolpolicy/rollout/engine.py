@@ -156,6 +156,12 @@ def with_sessions(env: Env, episodes: list[Episode], turns: Callable[[list[Sessi
             finish(i)
 
 
+def opening_ledger(task: Task) -> Ledger:
+    """An episode's ledger, holding from the start the facts its environment knows before the
+    model acts (`task.info["gate_facts"]`: AgentDojo's request and the user's own records)."""
+    return Ledger(facts=dict(task.info.get("gate_facts", {})))
+
+
 def truncate(episode: Episode, turn: int, why: str) -> None:
     """Mark an episode cut by a budget (`why`: max_turns, max_tokens or max_turn_tokens)."""
     episode.truncated = True
@@ -264,7 +270,7 @@ class RolloutEngine(GatedLoop):
         episode i samples from its own stream seeded with seeds[i], so its tokens do not
         depend on the other episodes of the batch (backends that support it: hf)."""
         trajectories = [self.start(task) for task in tasks]
-        ledgers = [Ledger() for _ in tasks]
+        ledgers = [opening_ledger(task) for task in tasks]
         seeds = seeds if seeds is not None else [None] * len(tasks)
 
         def take_turn(sessions: list[Session], live: list[int], turn: int) -> list[bool]:
