@@ -3,6 +3,7 @@
 package.py  suites, tools, attack texts and the suites' own checks, from `agentdojo`
 facts.py    what the gate knows when an episode starts: the request, the user's records
 replay.py   the gate replay of every ground-truth call, per suite, gate off and on
+env.py      `env: agentdojo`: a suite under an attack through the rollout engine
 
 The shipped policies are examples/policies/agentdojo/<suite>.yaml; docs/agentdojo.md has
 the figures.
