@@ -13,6 +13,18 @@ from toolpolicy.demo import default_config_path
 SMOKE = default_config_path().with_name("smoke.yaml")
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A command run in-process with `threads: N` sets torch's thread count for the whole
+    process; give it back after each test, so no test computes with another test's setting
+    (sums over another thread count differ in the last bits)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished `toolpolicy demo` run in the smoke configuration."""

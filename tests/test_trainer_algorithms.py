@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from toolpolicy.algorithms import PRESETS
 from toolpolicy.cli import main
 from toolpolicy.config import ConfigError, load_config
+from toolpolicy.envs import ENVS
 from toolpolicy.rewards import Rubric, Score
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.credit import productive_turns, reward_matrix, update_mask
@@ -167,4 +168,4 @@ def test_ablation_table_keeps_only_the_figures_some_run_reports() -> None:
 @pytest.mark.parametrize("path", sorted(SMOKE.parent.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path: Path) -> None:
     cfg = load_config(path)
-    assert cfg.env in ("calc", "hotel")
+    assert cfg.env in ENVS
