@@ -19,7 +19,7 @@ from toolpolicy.rollout.store import StoredEpisode, read_step, stored_steps
 def stored(episode: int, group: int, reward: float, *, events=(), truncated=False) -> StoredEpisode:
     return StoredEpisode(
         step=1, episode=episode, group=group, task_id=f"t{group}", prompt_len=2, token_ids=[1, 2, 3], loss_mask=[False, False, True],
-        sampled_logprobs=[-0.5], trainer_logprobs=None, advantages=[0.0], reward=reward, components={}, turn_starts=[2],
+        sampled_logprobs=[-0.5], trainer_logprobs=None, advantages=[0.0], reward=reward, success=reward == 1.0, components={}, turn_starts=[2],
         turn_ends=[3], events=list(events), truncated=truncated, infra_error=None, kept=False, staleness=0, messages=[], outcome={},
     )
 
