@@ -24,10 +24,19 @@ def read_objects(path: Path, error: type[Exception]) -> Iterator[tuple[str, dict
             if not line.strip():
                 continue
             where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise error(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise error(f"{where}: expected a JSON object, got {type(row).__name__}")
-            yield where, row
+            yield where, json_object(json_value(line, where, error), where, error)
+
+
+def json_value(text: str, where: str, error: type[Exception]) -> Any:
+    """`text` parsed as JSON; `error` names `where` and the parser's complaint if it is not."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise error(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+
+
+def json_object(value: Any, where: str, error: type[Exception]) -> dict[str, Any]:
+    """`value` if it is a JSON object; else `error` saying what `where` held instead."""
+    if not isinstance(value, dict):
+        raise error(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolpolicy.types import Message, ToolCall, ToolSpec
+from toolpolicy.jsonl import json_object, json_value
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -120,15 +121,10 @@ def _read_call(raw: Any, where: str) -> ToolCall:
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise RecordError(f"{where}.function.name: expected the tool's name, got {name!r}")
-    arguments = function.get("arguments")
+    arguments, at = function.get("arguments"), f"{where}.function.arguments"
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as error:
-            raise RecordError(f"{where}.function.arguments: not valid JSON ({error.msg} at column {error.colno})") from None
-    if not isinstance(arguments, dict):
-        raise RecordError(f"{where}.function.arguments: expected a JSON object, got {type(arguments).__name__}")
-    return ToolCall(name, arguments, _optional_text(raw, "id", where))
+        arguments = json_value(arguments, at, RecordError)
+    return ToolCall(name, json_object(arguments, at, RecordError), _optional_text(raw, "id", where))
 
 
 def _read_tool(raw: Any, where: str) -> ToolSpec:
