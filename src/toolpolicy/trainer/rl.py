@@ -331,14 +331,15 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     pool: Rollouts  # where the episodes are sampled
     if cfg.ray_rollout_workers:
         pool = RayRollouts(cfg, str(checkpoint or cfg.init_from), run_dir, restored.audit_seqs, resume)
+        rubric = build_rubric(cfg, pool.env.default_rewards)  # each worker builds its own for scoring
     else:
         name = "" if world.main else f"rank{world.rank}"
         # Async: the rollouts sample from a copy of the policy, in a thread, while the trainer updates its own.
         sampling_policy = replace(policy, model=copy.deepcopy(model).eval()) if cfg.max_staleness else policy
         engine = open_engine(cfg, sampling_policy, sampler, run_dir, name, restored.audit_seq_of(world.rank), resume)
         sampler_model = sampling_policy.model if cfg.max_staleness else None
-        pool = LocalRollouts(engine, build_rubric(cfg, engine.env.default_rewards), world, sampler_model)
-    rubric = build_rubric(cfg, pool.env.default_rewards)
+        rubric = build_rubric(cfg, engine.env.default_rewards)
+        pool = LocalRollouts(engine, rubric, world, sampler_model)
     success = reward_function(pool.env.success_reward)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 
