@@ -1,13 +1,15 @@
-"""The same RL job sampled by the hf backend and by vLLM: learning curves and seconds per step.
+"""The same RL job sampled by the hf backend, by vLLM in process and by a vLLM rollout
+server: learning curves and seconds per step.
 
 Runs `toolpolicy train` from a shipped SFT checkpoint once per backend (each in its own
 process, one after the other, same seed, threads and steps), then reads each run's
 metrics.jsonl: reward and accuracy per step, the sampler/trainer mismatch, and seconds
-per step (median after the first step, which includes vLLM's start). The two runs draw
-different samples (vLLM has its own generator), so their curves agree within noise, not
-exactly.
+per step (median after the first step, which includes vLLM's start). For `endpoint` the
+script first starts `toolpolicy rollout-server` on the same checkpoint (its start is not
+in the run's time) and stops it after. The vLLM runs draw different samples than hf
+(vLLM has its own generator), so the curves agree within noise, not exactly.
 
-    .venv/bin/python bench/backend_rl.py [--env calc|hotel] [--steps 30] [--threads 2]
+    .venv/bin/python bench/backend_rl.py [--env calc|hotel] [--steps 30] [--threads 2] [--backends hf,vllm,endpoint]
 
 Writes bench/results/backend_rl_<env>.json.
 """
@@ -15,23 +17,51 @@ Writes bench/results/backend_rl_<env>.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rl_jobs import JOBS, ROOT  # bench/ is on the path of a script run from it
 
 
+@contextlib.contextmanager
+def rollout_server(checkpoint: Path, threads: int, port: int = 8765) -> Iterator[str]:
+    """A rollout server on `checkpoint` while the block runs: its URL."""
+    argv = [sys.executable, "-m", "toolpolicy", "rollout-server", str(checkpoint), "--port", str(port), "--threads", str(threads)]
+    server = subprocess.Popen(argv, start_new_session=True)
+    try:
+        for _ in range(600):
+            if server.poll() is not None:
+                raise RuntimeError(f"the rollout server exited with {server.returncode}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+
+
 def run(env: str, backend: str, steps: int, threads: int, work: Path) -> dict:
     config, checkpoint = JOBS[env]
-    run_dir = work / f"{env}-{backend}"
+    if backend == "endpoint":
+        with rollout_server(checkpoint, threads) as url:
+            return train(config, checkpoint, backend, steps, threads, work, {"rollout_url": url})
+    return train(config, checkpoint, backend, steps, threads, work, {"vllm_threads": threads})
+
+
+def train(config: Path, checkpoint: Path, backend: str, steps: int, threads: int, work: Path, extra: dict) -> dict:
+    run_dir = work / f"{config.stem}-{backend}"
     overrides = {
         "run_dir": run_dir, "init_from": checkpoint, "backend": backend, "rl_steps": steps, "threads": threads,
-        "vllm_threads": threads, "checkpoint_every": 10_000, "audit": False,
+        "checkpoint_every": 10_000, "audit": False, **extra,
     }
     command = [sys.executable, "-m", "toolpolicy", "train", str(config)]
     for key, value in overrides.items():
@@ -57,9 +87,11 @@ def main() -> None:
     parser.add_argument("--env", choices=sorted(JOBS), default="calc")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--backends", default="hf,vllm,endpoint")
     parser.add_argument("--work", default="/tmp/bench-backend-rl")
     args = parser.parse_args()
-    results = {backend: run(args.env, backend, args.steps, args.threads, Path(args.work)) for backend in ("hf", "vllm")}
+    backends = args.backends.split(",")
+    results = {backend: run(args.env, backend, args.steps, args.threads, Path(args.work)) for backend in backends}
     half = args.steps // 2
     summary = {
         backend: {
@@ -76,7 +108,9 @@ def main() -> None:
     for backend, s in summary.items():
         print(f"{backend:5s} {s['seconds_per_step']:6.2f} s/step  reward {s['reward_first_half']:.3f} -> "
               f"{s['reward_second_half']:.3f}  accuracy (2nd half) {s['accuracy_second_half']:.3f}")
-    print(f"vllm/hf s/step: {summary['vllm']['seconds_per_step'] / summary['hf']['seconds_per_step']:.2f}; wrote {out}")
+    for backend in set(summary) - {"hf"} if "hf" in summary else ():
+        print(f"{backend}/hf s/step: {summary[backend]['seconds_per_step'] / summary['hf']['seconds_per_step']:.2f}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

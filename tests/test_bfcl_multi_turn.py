@@ -138,7 +138,7 @@ def test_policy_denies_deletions_out_of_folder_big_orders_and_strangers(env):
     assert denied("place_order", order_type="Buy", symbol="AAPL", price=500.0, amount=1000)
     assert not denied("place_order", order_type="Buy", symbol="AAPL", price=227.16, amount=100)
     assert denied("place_order", order_type="Buy", symbol="AAPL", price="lots", amount=1)  # fails closed
-    ledger.facts["contacts"] = ["USR001", "USR002"]
+    ledger.learn({"contacts": ["USR001", "USR002"]})
     assert not denied("send_message", receiver_id="USR002", message="hi") and denied("send_message", receiver_id="USR999", message="hi")
 
 

@@ -366,6 +366,61 @@ def test_decide_never_raises_on_random_calls(name: Any, args: Any, facts: dict[s
     assert isinstance(decision.observation(), str)
 
 
+def test_the_ledger_keeps_its_own_copy_of_what_enters_it() -> None:
+    """Facts and arguments are checked and copied once, on entry: a caller changing its
+    objects afterwards cannot change what later decisions read."""
+    g = gate()
+    facts: dict[str, Any] = {"verified": False}
+    ledger = Ledger(facts=facts)
+    facts["verified"] = True
+    assert g.decide(ToolCall("search", {"query": "q"}), ledger).effect == "deny"
+    roles = {"verified": [False]}
+    ledger.learn(roles)
+    roles["verified"].append(True)
+    assert ledger.facts == {"verified": [False]}
+    with pytest.raises(TypeError):
+        ledger.facts["verified"] = True  # type: ignore[index]
+    filters: dict[str, Any] = {"tags": ["a"]}
+    ledger.record(ToolCall("search", {"query": "q", "filters": filters}), "ok")
+    filters["tags"].append("b")
+    assert ledger.history[-1]["args"] == {"query": "q", "filters": {"tags": ["a"]}}
+
+
+def test_a_fact_that_is_not_json_makes_state_conditions_fail_closed() -> None:
+    g = gate()
+    ledger = Ledger(facts={"verified": True})
+    assert g.decide(ToolCall("search", {"query": "q"}), ledger).allowed
+    ledger.learn({"session": object(), "other": 1})
+    assert ledger.facts_problem is not None and "'session'" in ledger.facts_problem
+    assert ledger.facts == {"verified": True, "other": 1}
+    denied = g.decide(ToolCall("search", {"query": "q"}), ledger)
+    assert denied.effect == "deny" and "could not be evaluated" in denied.reason
+    assert g.decide(read("/work/a"), ledger).allowed  # read_file's rules never read state
+
+
+def test_the_gate_converts_only_the_arguments_conditions_name() -> None:
+    """An argument no condition reads (a file's content) is never converted to CEL; one
+    condition reading `args` as a whole brings every argument back."""
+    named = Policy.from_yaml(
+        "default: allow\nrules:\n"
+        "  - {id: a, effect: forbid, tools: [search], when: \"args.query == 'x' || args['limit'] > 5\", reason: stop}\n"
+    )
+    assert named.rules_for("search").arguments == {"query", "limit"}
+    whole = Policy.from_yaml(
+        "default: allow\nrules:\n"
+        "  - {id: a, effect: forbid, tools: [search], when: \"args.query == 'x' || args['limit'] > 5\", reason: stop}\n"
+        "  - {id: b, effect: forbid, tools: '*', when: size(args) > 2, reason: stop}\n"
+    )
+    assert whole.rules_for("search").arguments is None and whole.rules_for("read_file").arguments is None
+    for policy in (named, whole):
+        g = Gate(policy, SPECS)
+        assert g.evaluate(ToolCall("search", {"query": "x"})).effect == "deny"
+        assert g.evaluate(ToolCall("search", {"query": "q", "limit": 9})).effect == "deny"
+        assert g.evaluate(ToolCall("search", {"query": "q", "limit": 1, "filters": {"text": "long " * 1000}})).effect == (
+            "allow" if policy is named else "deny"
+        )
+
+
 def test_hostile_nesting_is_denied_not_crashed() -> None:
     g = gate()
     deep = g.decide(

@@ -71,6 +71,15 @@ def _atoms() -> tuple[list[Condition], list[Condition]]:
         boolean.append(Condition(f"args.s.contains('{p}')", lambda c, p=p: p in c["args"]["s"]))
     for key in ("n", "s", "flag"):
         boolean.append(Condition(f"has(args.{key})", lambda c, key=key: key in c["args"]))
+    # conditions that read `args` as a whole: the gate must not narrow it to the named fields
+    for k in (1, 2):
+        boolean.append(Condition(f"size(args) >= {k}", lambda c, k=k: len(c["args"]) >= k))
+    boolean += [
+        Condition("args['s'] == 'ab'", lambda c: c["args"]["s"] == "ab"),
+        Condition("'extra' in args", lambda c: "extra" in c["args"]),
+        Condition("args.exists(k, k == 'extra')", lambda c: "extra" in c["args"]),
+        Condition("args.all(k, k != 'flag') && has(args.n)", lambda c: "flag" not in c["args"] and "n" in c["args"]),
+    ]
     for tool in (*TOOLS, "delta"):
         boolean.append(Condition(f"tool == '{tool}'", lambda c, tool=tool: c["tool"] == tool))
         for k in (1, 2):

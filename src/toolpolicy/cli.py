@@ -70,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("config", help="list every config field with its default and meaning")
 
+    server = commands.add_parser("rollout-server", help="serve a checkpoint with vLLM for `backend: endpoint` rollouts")
+    server.add_argument("checkpoint", help="a model folder of the policy's architecture (the trainer sends its weights)")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind; the weight routes are unauthenticated (default 127.0.0.1)")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    server.add_argument("--kv-cache-gib", type=float, default=1.0, help="memory for the paged KV cache (default 1)")
+    server.add_argument("--block-size", type=int, default=32, help="tokens per KV-cache block, a multiple of 32 on the CPU")
+    server.add_argument("--threads", type=int, default=1, help="CPU threads of the worker (default 1)")
+    server.add_argument("--seed", type=int, default=0, help="the server's sampling seed")
+
     audit = commands.add_parser("audit", help="audit logs of gate decisions").add_subparsers(dest="audit_command", required=True)
     verify_log = audit.add_parser("verify", help="check a log's hash chain, head file and signatures")
     verify_log.add_argument("log")
@@ -174,7 +184,7 @@ def _gate_check(args: argparse.Namespace) -> int:
 
         specs = make_env(args.env).tools.specs()
     ledger = Ledger()
-    ledger.facts.update(facts)
+    ledger.learn(facts)
     decision = Gate(Policy.load(args.policy), specs).evaluate(ToolCall(args.tool, call_args), ledger)
     print(json.dumps({"effect": decision.effect, "rule_ids": list(decision.rule_ids), "reason": decision.reason, "hint": decision.hint}, indent=2))
     if not decision.allowed:
@@ -262,6 +272,27 @@ def _rollouts_show(args: argparse.Namespace) -> int:
     pieces = token_pieces(run_tokenizer_file(run_dir, init_from), episode.token_ids)
     console.print(show_episode(episode, pieces, episodes))
     return 0
+
+
+def _rollout_server(args: argparse.Namespace) -> int:
+    """Run `vllm serve` as the endpoint backend needs it, until interrupted."""
+    import os
+    import subprocess
+
+    from toolpolicy.rollout.vllm_engine import VLLMSettings
+    from toolpolicy.rollout.vllm_server import ServerOptions, server_command
+
+    if not Path(args.checkpoint, "config.json").is_file():
+        raise ConfigError(f"{args.checkpoint}: not a model folder (no config.json)")
+    if args.block_size % 32:
+        raise ConfigError(f"--block-size {args.block_size} is not a multiple of 32")
+    settings = VLLMSettings(args.dtype, args.kv_cache_gib, args.block_size, args.threads, args.seed)
+    argv, env = server_command(args.checkpoint, ServerOptions(args.host, args.port, settings))
+    print(f"rollout server for {args.checkpoint}: set `backend: endpoint` and `rollout_url: http://{args.host}:{args.port}`", flush=True)
+    try:
+        return subprocess.call(argv, env={**os.environ, **env})
+    except KeyboardInterrupt:
+        return 130
 
 
 def _resolve(args: argparse.Namespace) -> Config:
@@ -360,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             return _gate_check(args)
         elif args.command == "rollouts" and args.rollouts_command == "show":
             return _rollouts_show(args)
+        elif args.command == "rollout-server":
+            return _rollout_server(args)
         elif args.command == "report":
             from toolpolicy.report.__main__ import main as report_main
 

@@ -118,10 +118,12 @@ class Config(BaseModel):
     """Sampling temperature of `toolpolicy eval` and the demo's evaluations; 0 is greedy."""
     user_temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of the served model that plays the guest (`user_endpoint_url`)."""
-    backend: Literal["hf", "vllm"] = "hf"
-    """What samples the policy's turns: hf (its transformers model, in this process) or vllm (a vLLM
+    backend: Literal["hf", "vllm", "endpoint"] = "hf"
+    """What samples the policy's turns: hf (its transformers model, in this process), vllm (a vLLM
     engine loaded from the policy's checkpoint folder, to which RL pushes the weights after each
-    step; installed by `make setup`). vllm draws from its own seeded generator, so a resumed run
+    step; installed by `make setup`) or endpoint (a vLLM server at `rollout_url`, started with
+    `toolpolicy rollout-server CHECKPOINT`, here or on another machine; RL pushes the weights to
+    it the same way). vllm and endpoint draw from their own seeded generator, so a resumed run
     does not replay the samples of an uninterrupted one."""
     sampling_streams: Literal["batch", "episode"] = "batch"
     """RL rollouts' random numbers: batch draws every episode's tokens from one generator in
@@ -151,6 +153,11 @@ class Config(BaseModel):
     shared in whole blocks, so a smaller block shares more of short prompts."""
     vllm_threads: int = Field(0, ge=0)
     """backend=vllm: CPU threads of vLLM's worker process; 0 uses `threads` (1 when that is 0 too)."""
+    rollout_url: str = ""
+    """backend=endpoint: the rollout server, e.g. http://127.0.0.1:8000 (`toolpolicy rollout-server`
+    prints it). Its weight-update routes are unauthenticated: keep it reachable by the trainer only."""
+    rollout_api_key_env: str = "TOOLPOLICY_ROLLOUT_KEY"
+    """backend=endpoint: environment variable holding the server's --api-key (unset: none is sent)."""
 
     # --- SFT cold start ----------------------------------------------------
     cold_start: str = ""
@@ -321,6 +328,10 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _sampling_streams_fit(self) -> Config:
+        if self.backend == "endpoint" and not self.rollout_url:
+            raise ValueError("backend: endpoint needs rollout_url, the server `toolpolicy rollout-server CHECKPOINT` started")
+        if self.backend == "endpoint" and self.lora_rank:
+            raise ValueError("backend: endpoint sends whole weights after each step; a LoRA policy (lora_rank) needs backend vllm or hf")
         if self.sampling_streams == "episode" and self.backend != "hf":
             raise ValueError(f"sampling_streams: episode needs backend hf (got {self.backend}): vLLM does not take a seed per request")
         if self.max_staleness and (self.backend != "hf" or self.ray_rollout_workers or self.rollout_correction == "tis"):

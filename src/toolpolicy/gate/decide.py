@@ -44,7 +44,7 @@ import jsonschema
 from toolpolicy.gate.audit import AuditLog
 from toolpolicy.gate.ledger import Ledger, plain_json_problem
 from toolpolicy.gate.paths import WorkFolder
-from toolpolicy.gate.policy import ALL_TOOLS, PARSERS, Policy, PolicyError, Rule
+from toolpolicy.gate.policy import ALL_TOOLS, PARSERS, Policy, PolicyError, Rule, ToolRules
 from toolpolicy.gate.schema import ArgumentSchema
 from toolpolicy.types import ToolCall, ToolSpec
 
@@ -231,7 +231,7 @@ class Gate:
             return exceeded
 
         rules = self.policy.rules_for(name)
-        context = _LazyContext(name, args, ledger, rules.variables, self._parsers.get(name, {}))
+        context = _LazyContext(name, args, ledger, rules, self._parsers.get(name, {}))
         forbidding, reasons = [], []
         for rule in () if _screened(rules.forbid_screen, context) else rules.forbid:
             outcome = _condition(rule, context)
@@ -324,21 +324,17 @@ class Gate:
 class _LazyContext:
     """The CEL context, built on first use and only from the variables the tool's rules
     read: converting `history` costs about 10 us per entry and parsing a path touches the
-    disk, so neither happens unless a condition needs it. A context that cannot be built
-    is an error for every condition."""
+    disk, so neither happens unless a condition needs it. Of `args` only the fields the
+    rules name are converted (all of them when a rule reads `args` as a whole), so a long
+    argument no rule reads, such as a file's content, costs nothing. A context that cannot
+    be built is an error for every condition.
 
-    __slots__ = ("_args", "_built", "_ledger", "_name", "_parsers", "_variables")
+    The ledger checks what enters it, so only `parsed` (the parsers' output) is checked here."""
 
-    def __init__(
-        self,
-        name: str,
-        args: dict[str, Any],
-        ledger: Ledger,
-        variables: frozenset[str],
-        parsers: dict[str, Parser],
-    ) -> None:
-        self._name, self._args, self._ledger = name, args, ledger
-        self._variables, self._parsers = variables, parsers
+    __slots__ = ("_args", "_built", "_ledger", "_name", "_parsers", "_rules")
+
+    def __init__(self, name: str, args: dict[str, Any], ledger: Ledger, rules: ToolRules, parsers: dict[str, Parser]) -> None:
+        self._name, self._args, self._ledger, self._rules, self._parsers = name, args, ledger, rules, parsers
         self._built: Any = None
 
     def _value(self, key: str) -> Any:
@@ -346,11 +342,12 @@ class _LazyContext:
         if key == "tool":
             return self._name
         if key == "args":
-            return self._args
+            fields = self._rules.arguments
+            return self._args if fields is None else {k: self._args[k] for k in fields if k in self._args}
         if key == "parsed":
             return {arg: parse(self._args[arg]) for arg, parse in self._parsers.items() if arg in self._args}
         if key == "state":
-            return ledger.facts
+            return ledger.facts.copy()
         if key == "history":
             return list(ledger.history)
         if key == "counts":
@@ -361,27 +358,24 @@ class _LazyContext:
 
     def get(self) -> Any:
         """A cel.Context, or a string saying why there is none."""
-        if self._built is None:
-            try:
-                values = {key: self._value(key) for key in self._variables}
-            except Exception as error:  # a parser bug: fail closed, naming it
-                self._built = f"the arguments could not be parsed: {type(error).__name__}"
-                return self._built
-            problem = next(
-                (
-                    f"{key}: {p}"
-                    for key, value in values.items()
-                    if key not in ("args", "parsed") and (p := plain_json_problem(value))
-                ),
-                None,
-            )
-            if problem is not None:
-                self._built = problem.replace("arguments", "values")
-            else:
-                try:
-                    self._built = cel.Context(variables=values)
-                except Exception as error:
-                    self._built = f"the context could not be converted to CEL: {type(error).__name__}"
+        if self._built is not None:
+            return self._built
+        variables = self._rules.variables
+        if "state" in variables and self._ledger.facts_problem is not None:
+            self._built = f"state: {self._ledger.facts_problem}"
+            return self._built
+        try:
+            values = {key: self._value(key) for key in variables}
+        except Exception as error:  # a parser bug: fail closed, naming it
+            self._built = f"the arguments could not be parsed: {type(error).__name__}"
+            return self._built
+        if "parsed" in values and (problem := plain_json_problem(values["parsed"])) is not None:
+            self._built = f"parsed: {problem.replace('arguments', 'values')}"
+            return self._built
+        try:
+            self._built = cel.Context(variables=values)
+        except Exception as error:
+            self._built = f"the context could not be converted to CEL: {type(error).__name__}"
         return self._built
 
 

@@ -50,4 +50,4 @@ def settle(ledger: Ledger, call: ToolCall, ok: bool, facts: Mapping[str, Any] | 
     """Record an admitted call that ran: whether it succeeded, and the facts it established
     (e.g. {"user_verified": True}), which later policy conditions read as `state`."""
     ledger.record(call, "ok" if ok else "error")
-    ledger.facts.update(facts or {})
+    ledger.learn(facts or {})

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from toolpolicy.gate.digest import canonical_json
@@ -44,11 +45,11 @@ inventing tools gets there) are counted together under OTHER_TOOLS, so the maps 
 OTHER_TOOLS = "?"
 
 
-@dataclass
 class Ledger:
     """Per-episode state. Make a new one for every episode.
 
-    facts: set by tools (or the environment), read by conditions as `state`.
+    facts: set by tools (or the environment) through `learn`, read by conditions as
+        `state`. A read-only view: a fact enters through `learn`, which checks it once.
     counts: tool name -> calls that ran (outcome "ok" or "error").
     denials: tool name -> calls the gate denied. Limits count attempts, counts plus
         denials: a denied call uses up its tool's budget too, so a model cannot probe
@@ -56,22 +57,41 @@ class Ledger:
     consecutive_errors: tool name (and "*" for all tools together) -> errors since that
         tool last succeeded. A denial neither adds to nor resets a run of errors.
     history: the last HISTORY_WINDOW recorded calls, oldest first: {"name", "args", "outcome"}.
+    facts_problem: why a fact offered to `learn` was not plain JSON (None when all were).
+        Every condition that reads `state` then fails, so the gate fails closed.
+
+    What enters the ledger is checked and copied as it enters (facts in `learn`, arguments
+    in `record`), so a decision converts the ledger to CEL without checking it again.
     """
 
-    facts: dict[str, Any] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    denials: dict[str, int] = field(default_factory=dict)
-    consecutive_errors: dict[str, int] = field(default_factory=dict)
-    history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOW))
-    total_calls: int = field(default=0, init=False)
-    """Calls that ran, all tools together."""
-    total_attempts: int = field(default=0, init=False)
-    """Calls recorded, ran or denied, all tools together."""
-    _denied: set[bytes] = field(default_factory=set, init=False, repr=False)
+    def __init__(self, facts: Mapping[str, Any] | None = None) -> None:
+        self._facts: dict[str, Any] = {}
+        self.facts_problem: str | None = None
+        self.counts: dict[str, int] = {}
+        self.denials: dict[str, int] = {}
+        self.consecutive_errors: dict[str, int] = {}
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_WINDOW)
+        self.total_calls = 0
+        """Calls that ran, all tools together."""
+        self.total_attempts = 0
+        """Calls recorded, ran or denied, all tools together."""
+        self._denied: set[bytes] = set()
+        self.learn(facts or {})
 
-    def __post_init__(self) -> None:
-        self.total_calls = sum(self.counts.values())
-        self.total_attempts = self.total_calls + sum(self.denials.values())
+    @property
+    def facts(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._facts)
+
+    def learn(self, facts: Mapping[str, Any]) -> None:
+        """Add or replace facts (e.g. {"user_verified": True}). Each value is checked to be
+        plain JSON and copied, so a caller changing its own object later changes nothing here."""
+        for key, value in facts.items():
+            problem = f"a fact key is a {type(key).__name__}, not a string" if not isinstance(key, str) else None
+            problem = problem or plain_json_problem(value)
+            if problem is not None:
+                self.facts_problem = self.facts_problem or f"fact {str(key)[:60]!r}: {problem.replace('arguments', 'values')}"
+                continue
+            self._facts[key] = plain_copy(value)
 
     def record(self, call: ToolCall, outcome: Outcome) -> None:
         """Remember that `call` was denied, or ran and succeeded ("ok") or failed ("error").
@@ -81,8 +101,8 @@ class Ledger:
         """
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
-        plain = plain_json_problem(call.arguments) is None and isinstance(call.arguments, dict)
-        args: dict[str, Any] = dict(call.arguments) if plain else {"_unrepresentable": True}
+        plain = isinstance(call.arguments, dict) and plain_json_problem(call.arguments) is None
+        args: dict[str, Any] = plain_copy(call.arguments) if plain else {"_unrepresentable": True}
         self.history.append({"name": call.name, "args": args, "outcome": outcome})
         self.total_attempts += 1
         if outcome == "denied":
@@ -121,36 +141,45 @@ def call_digest(name: str, arguments: Any) -> bytes:
     return hashlib.blake2b(text.encode("ascii"), digest_size=16).digest()
 
 
-def plain_json_problem(value: Any, max_nesting: int = MAX_NESTING) -> str | None:
+def plain_json_problem(value: Any, levels: int = MAX_NESTING) -> str | None:
     """None if `value` is plain JSON data (dict with str keys, list, str, int, float, bool,
-    None) nested at most `max_nesting` deep; otherwise what is wrong, for the denial.
+    None) with at most `levels` levels of nesting below it; otherwise what is wrong, for the denial.
 
-    Iterative, so hostile nesting cannot exhaust the Python stack either.
+    The recursion stops at MAX_NESTING levels, so hostile nesting cannot exhaust the Python
+    stack. It runs on every call's arguments before the rules, so the common cases come first.
     """
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > max_nesting:
-            return f"arguments are nested more than {max_nesting} levels deep"
-        if item is None or isinstance(item, (bool, int, float)):
-            continue
-        if isinstance(item, str):
-            if not _is_utf8(item):
-                return "arguments contain a string that is not valid Unicode (a lone surrogate)"
-            continue
-        if isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    return f"arguments contain an object key that is a {type(key).__name__}, not a string"
-                if not _is_utf8(key):
-                    return "arguments contain an object key that is not valid Unicode"
-                stack.append((child, depth + 1))
-            continue
-        if isinstance(item, (list, tuple, deque)):
-            stack.extend((child, depth + 1) for child in item)
-            continue
-        return f"arguments contain a {type(item).__name__}, which is not JSON"
-    return None
+    if isinstance(value, str):
+        return None if _is_utf8(value) else "arguments contain a string that is not valid Unicode (a lone surrogate)"
+    if value is None or isinstance(value, (bool, int, float)):
+        return None
+    if isinstance(value, dict):
+        if levels <= 0 and value:
+            return f"arguments are nested more than {MAX_NESTING} levels deep"
+        for key, child in value.items():
+            if not isinstance(key, str):
+                return f"arguments contain an object key that is a {type(key).__name__}, not a string"
+            if not _is_utf8(key):
+                return "arguments contain an object key that is not valid Unicode"
+            if (problem := plain_json_problem(child, levels - 1)) is not None:
+                return problem
+        return None
+    if isinstance(value, (list, tuple, deque)):
+        if levels <= 0 and value:
+            return f"arguments are nested more than {MAX_NESTING} levels deep"
+        for child in value:
+            if (problem := plain_json_problem(child, levels - 1)) is not None:
+                return problem
+        return None
+    return f"arguments contain a {type(value).__name__}, which is not JSON"
+
+
+def plain_copy(value: Any) -> Any:
+    """A copy of plain JSON data (see plain_json_problem), sharing nothing mutable with it."""
+    if isinstance(value, dict):
+        return {key: plain_copy(child) for key, child in value.items()}
+    if isinstance(value, (list, tuple, deque)):
+        return [plain_copy(child) for child in value]
+    return value
 
 
 def _is_utf8(text: str) -> bool:

@@ -109,7 +109,9 @@ class Rule:
     """One rule. `program` is the compiled `when` (None: the rule always matches);
     `variables` are the context variables it reads, so the gate converts only those;
     `arguments` and `parsed` the names it reads as `args.X` (or args['X']) and `parsed.X`,
-    which the Gate checks against the tools' schemas and the policy's `parse` table."""
+    which the Gate checks against the tools' schemas and the policy's `parse` table;
+    `whole_args` whether it also reads `args` some other way (`size(args)`, `'k' in args`,
+    a macro over it), so that the gate must hand it every argument."""
 
     id: str
     effect: Effect
@@ -121,6 +123,7 @@ class Rule:
     variables: frozenset[str] = frozenset()
     arguments: frozenset[str] = frozenset()
     parsed: frozenset[str] = frozenset()
+    whole_args: bool = False
 
     def applies_to(self, tool: str) -> bool:
         return self.tools is None or tool in self.tools
@@ -151,6 +154,8 @@ class ToolRules:
     ask: tuple[Rule, ...]
     permit: tuple[Rule, ...]
     variables: frozenset[str]
+    arguments: frozenset[str] | None = None
+    """The argument names the conditions read; None when one reads `args` as a whole."""
     forbid_screen: tuple[Any, ...] | None = None
     ask_screen: tuple[Any, ...] | None = None
     permit_screen: tuple[Any, ...] | None = None
@@ -209,6 +214,9 @@ class Policy:
             found = ToolRules(
                 **by_effect,
                 variables=frozenset().union(*(rule.variables for rule in matching)),
+                arguments=None
+                if any(rule.whole_args for rule in matching)
+                else frozenset().union(*(rule.arguments for rule in matching)),
                 forbid_screen=_screen(by_effect["forbid"]),
                 ask_screen=_screen(by_effect["ask"]),
                 permit_screen=_screen(by_effect["permit"]),
@@ -426,7 +434,7 @@ def _rule(item: dict[Any, Any], label: str, problems: list[str]) -> Rule | None:
         return None
     return Rule(
         item["id"], effect, tools, when, reason or f"rule {item['id']}", hint, program, variables,
-        references(when or "", "args"), references(when or "", "parsed"),
+        references(when or "", "args"), references(when or "", "parsed"), reads_whole(when or "", "args"),
     )
 
 
@@ -496,14 +504,43 @@ def references(source: str, variable: str) -> frozenset[str]:
     >>> sorted(references("has(args.path) && args['mode'] == 'args.x' && args.exists(k, k == 'a')", "args"))
     ['mode', 'path']
     """
+    return frozenset(name for name in _uses(source, variable) if name is not None)
+
+
+def reads_whole(source: str, variable: str) -> bool:
+    """Whether `source` uses `variable` other than by reading a named field: as a value of
+    its own (`size(args)`, `'k' in args`, `args == {...}`), through a macro or method
+    (`args.exists(...)`), with a computed key (`args[k]`) or any syntax not recognised
+    here. When in doubt, True: the gate then converts every argument.
+
+    >>> reads_whole("args.path == 'a' && args['mode'] == 'r'", "args"), reads_whole("'x' in args", "args")
+    (False, True)
+    """
+    return None in _uses(source, variable)
+
+
+_FIELD = re.compile(r"\s*\.\s*([A-Za-z_]\w*)\b(?!\s*\()")
+_KEY = re.compile(r"\s*\[\s*(\"[^\"]*\")\s*\]")
+
+
+def _uses(source: str, variable: str) -> list[str | None]:
+    """Each use of the top-level `variable` in `source`: the field it reads, or None for a
+    use that is not a plain field read. String literals are blanked first (positions kept),
+    so text inside them is not a use."""
     blanked = _CEL_STRING.sub(lambda m: '"' + " " * (len(m.group()) - 2) + '"', source)
-    names = set(re.findall(rf"(?<![\w.]){variable}\s*\.\s*([A-Za-z_]\w*)\b(?!\s*\()", blanked))
-    for match in re.finditer(rf"(?<![\w.]){variable}\s*\[\s*", blanked):
-        literal = _CEL_STRING.match(source, match.end())
-        if literal is not None and literal.group()[:1] in "'\"":
-            quotes = 3 if literal.group()[:3] in ("'''", '"""') else 1
-            names.add(literal.group()[quotes:-quotes])
-    return frozenset(names)
+    uses: list[str | None] = []
+    for match in re.finditer(rf"(?<![\w.]){variable}\b", blanked):
+        field_match = _FIELD.match(blanked, match.end())
+        key_match = _KEY.match(blanked, match.end())
+        literal = source[key_match.start(1) : key_match.end(1)] if key_match is not None else ""
+        if field_match is not None:
+            uses.append(field_match.group(1))
+        elif literal[:1] in ("'", '"') and "\\" not in literal:  # a plain quoted key, no escapes
+            quotes = 3 if literal[:3] in ("'''", '"""') else 1
+            uses.append(literal[quotes:-quotes])
+        else:
+            uses.append(None)
+    return uses
 
 
 SCREEN_CHUNK = 32  # conditions per screen program; keeps each OR tree shallow

@@ -90,22 +90,30 @@ class ChatClient:
         }
         if tools:
             body["tools"] = tools
-        problem = ""
-        for attempt in range(self.endpoint.retries + 1):
-            if attempt:
-                time.sleep(min(8.0, 0.25 * 2**attempt))
-            try:
-                response = self._http.post("/chat/completions", json=body)
-            except httpx.HTTPError as error:
-                problem = f"{type(error).__name__}: {error}"
-                continue
-            if response.status_code in RETRY_STATUS:
-                problem = f"HTTP {response.status_code}: {response.text[:200]}"
-                continue
-            if response.status_code != 200:
-                raise EndpointError(f"{self.endpoint.base_url}: HTTP {response.status_code}: {response.text[:300]}")
-            return parse_response(response, self.endpoint.base_url)
-        raise EndpointError(f"{self.endpoint.base_url}: no answer after {self.endpoint.retries + 1} attempts ({problem})")
+        response = send(self._http, "POST", "/chat/completions", body, self.endpoint.retries, 0.25)
+        if response.status_code != 200:
+            raise EndpointError(f"{self.endpoint.base_url}: HTTP {response.status_code}: {response.text[:300]}")
+        return parse_response(response, self.endpoint.base_url)
+
+
+def send(http: httpx.Client, method: str, path: str, body: Any, retries: int, backoff: float) -> httpx.Response:
+    """The first answer that is not a transient failure (a connection error, 408, 429, 5xx),
+    retrying up to `retries` times after backoff * 2^attempt seconds (at most 8); EndpointError
+    when every attempt failed."""
+    problem = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(min(8.0, backoff * 2**attempt))
+        try:
+            response = http.request(method, path, json=body)
+        except httpx.HTTPError as error:
+            problem = f"{type(error).__name__}: {error}"
+            continue
+        if response.status_code in RETRY_STATUS:
+            problem = f"HTTP {response.status_code}: {response.text[:200]}"
+            continue
+        return response
+    raise EndpointError(f"{str(http.base_url).rstrip('/')}{path}: no answer after {retries + 1} attempts ({problem})")
 
 
 def parse_response(response: httpx.Response, where: str) -> Reply:

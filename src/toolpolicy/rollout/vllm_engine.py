@@ -104,7 +104,7 @@ def _environment(defaults: dict[str, str], forced: dict[str, str]) -> Iterator[N
                 os.environ[name] = value
 
 
-def _unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state dict without the second name of a shared tensor (a tied lm_head), as
     safetensors requires; vLLM ties them again on its side."""
     seen: set[int] = set()
@@ -123,13 +123,24 @@ class WeightSync:
     model_runner: Any
 
     def load_weights_file(self, path: str) -> None:
-        """Reload every weight in place from a safetensors file of checkpoint-named tensors.
-        On the CPU each linear layer keeps a packed copy of its weight, which the reload
-        rebuilds for the layers it loads; a tied lm_head shares the embedding's weight and
-        loads nothing itself, so its packed copy would stay stale: it is rebuilt here."""
+        """Reload every weight in place from a safetensors file of checkpoint-named tensors."""
         from safetensors.torch import load_file
 
-        self.model_runner.reload_weights(weights_iterator=iter(load_file(path).items()))
+        self._reload(load_file(path))
+
+    def load_weights_b64(self, payload: str) -> None:
+        """The same from safetensors bytes in base64: what a server's `/collective_rpc` can carry."""
+        import base64
+
+        from safetensors.torch import load
+
+        self._reload(load(base64.b64decode(payload)))
+
+    def _reload(self, tensors: dict[str, Any]) -> None:
+        """On the CPU each linear layer keeps a packed copy of its weight, which the reload
+        rebuilds for the layers it loads; a tied lm_head shares the embedding's weight and
+        loads nothing itself, so its packed copy would stay stale: it is rebuilt here."""
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()))
         model = self.model_runner.get_model()
         head = getattr(model, "lm_head", None)
         if getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False) and head is not None:
@@ -245,7 +256,7 @@ class VLLMBackend:
             from safetensors.torch import save_file
 
             path = self._folder / "weights.safetensors"
-            save_file(_unique_tensors(model.state_dict()), path)
+            save_file(unique_tensors(model.state_dict()), path)
             self.llm.collective_rpc("load_weights_file", args=(str(path),))
             path.unlink()
             self._lora = None

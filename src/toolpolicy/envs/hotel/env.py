@@ -100,7 +100,7 @@ class HotelSession:
 
     def after(self, call: ToolCall, result: ToolResult, broken: bool) -> None:
         self.ledger.record(call, "ok" if result.ok else "error")
-        self.ledger.facts.update(result.facts)
+        self.ledger.learn(result.facts)
         if not result.ok or self.effects.get(call.name) != "write":
             return
         self.writes += 1
