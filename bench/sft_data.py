@@ -23,7 +23,7 @@ import json
 import time
 from pathlib import Path
 
-from toolpolicy.build import build_env, episode_limits, load_policy_model
+from toolpolicy.build import build_env, episode_limits, load_policy_model, prepare_run_dir
 from toolpolicy.config import load_config
 from toolpolicy.eval.export import export_episodes
 from toolpolicy.eval.run import evaluate
@@ -70,7 +70,7 @@ def main() -> None:
     for name, update in (("demonstrator", {}), ("sft_data", {"sft_data": str(data)})):
         run_cfg = cfg.model_copy(update={**update, "run_dir": str(out / name)})
         began = time.perf_counter()
-        final = train_sft(run_cfg, out / name)
+        final = train_sft(run_cfg, prepare_run_dir(run_cfg))
         trained = time.perf_counter() - began
         summary = evaluate(run_cfg, final, name, out / name)
         results["runs"][name] = {"sft_seconds": trained, "accuracy": summary["accuracy"],

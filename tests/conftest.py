@@ -48,3 +48,19 @@ def family_checkpoint(tmp_path_factory: pytest.TempPathFactory):
         return built[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def family_policy(family_checkpoint):
+    """`family -> PolicyModel` of `family_checkpoint(family)`, loaded once for the session (a
+    real vocabulary takes seconds to load). For tests that only read it: none may train it."""
+    from toolpolicy.model import PolicyModel
+
+    loaded: dict[str, PolicyModel] = {}
+
+    def get(family: str) -> PolicyModel:
+        if family not in loaded:
+            loaded[family] = PolicyModel.load(family_checkpoint(family))
+        return loaded[family]
+
+    return get

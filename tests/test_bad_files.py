@@ -78,6 +78,20 @@ def test_a_damaged_checkpoint_is_an_error_that_names_the_file(damage: str, folde
     assert_names(error, folder / name if name else folder, *phrases)
 
 
+@pytest.mark.parametrize("damage", ["tokenizer not JSON", "tokenizer cut short"])
+def test_loading_a_damaged_tokenizer_names_the_file(damage: str, folder: Path) -> None:
+    """Loading parses tokenizer.json only when the tokenizer fails to load; the error still names it."""
+    from toolpolicy.model import PolicyModel
+
+    if damage == "tokenizer cut short":
+        cut(folder / "tokenizer.json", -10)
+    else:
+        overwrite(folder / "tokenizer.json", 0, b"{]")
+    with pytest.raises(CheckpointError) as error:
+        PolicyModel.load(folder)
+    assert_names(error, folder / "tokenizer.json", "not valid JSON")
+
+
 def test_sharded_weights_need_every_shard_whole(folder: Path) -> None:
     tensors = load_file(folder / "model.safetensors")
     (folder / "model.safetensors").unlink()

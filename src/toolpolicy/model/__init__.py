@@ -14,7 +14,7 @@ from transformers.utils.chat_template_utils import encode_marked_chat
 
 from toolpolicy.chat import ChatFormatError, ChatTemplate, HermesTemplate, JinjaTemplate
 from toolpolicy.model.adapters import adapter_base, is_adapter, load_adapter, merged
-from toolpolicy.model.files import check_checkpoint
+from toolpolicy.model.files import check_checkpoint, diagnose_tokenizer
 from toolpolicy.model.placement import Placement, place
 
 
@@ -34,10 +34,18 @@ def load_policy(path: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizerB
     """Model and tokenizer from a local checkpoint folder, in float32 on the CPU. A missing
     or damaged file is a CheckpointError naming it (see `files.check_checkpoint`)."""
     folder = Path(path)
-    check_checkpoint(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    check_checkpoint(folder, parse_tokenizer=False)
+    tokenizer = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return model, tokenizer
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The folder's tokenizer; a CheckpointError naming the damaged file when it does not load."""
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as error:  # the library's own error for a damaged file; name the file instead
+        raise diagnose_tokenizer(folder, error) from None
 
 
 def codec(tokenizer: PreTrainedTokenizerBase) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
@@ -126,8 +134,8 @@ class PolicyModel:
         model, tokenizer = load_policy(base)
         model = place(model, placement)
         if base != folder:
-            check_checkpoint(folder)
-            model, tokenizer = load_adapter(model, folder), AutoTokenizer.from_pretrained(folder)
+            check_checkpoint(folder, parse_tokenizer=False)
+            model, tokenizer = load_adapter(model, folder), load_tokenizer(folder)
         chat = chat_template(tokenizer, choice)
         stops = stop_ids(tokenizer, chat, _generation_config(base))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]

@@ -22,15 +22,18 @@ class CheckpointError(Exception):
     """A model folder or trainer state that cannot be loaded; the message names the file and the fix."""
 
 
-def check_checkpoint(folder: str | Path) -> None:
+def check_checkpoint(folder: str | Path, parse_tokenizer: bool = True) -> None:
     """Raise CheckpointError unless `folder` holds a loadable model: config.json with a
-    model_type, whole weights (single file or every shard of an index) and a tokenizer."""
+    model_type, whole weights (single file or every shard of an index) and a tokenizer.
+
+    parse_tokenizer=False leaves tokenizer.json unparsed (a real vocabulary's takes about
+    0.6 s), for a caller that loads the tokenizer next and calls `diagnose_tokenizer` if that fails."""
     folder = Path(folder)
     if (folder / "adapter_config.json").is_file():  # a LoRA adapter: its own weights and tokenizer, then its base
         adapter = _read_json(folder / "adapter_config.json")
         check_safetensors(folder / "adapter_model.safetensors")
-        _check_tokenizer(folder)
-        check_checkpoint(adapter["base_model_name_or_path"])
+        _check_tokenizer(folder, parse_tokenizer)
+        check_checkpoint(adapter["base_model_name_or_path"], parse_tokenizer)
         return
     config_file = folder / "config.json"
     if not config_file.is_file():
@@ -39,7 +42,7 @@ def check_checkpoint(folder: str | Path) -> None:
     if not isinstance(config, dict) or "model_type" not in config:
         raise CheckpointError(f"{config_file}: no model_type, so transformers cannot tell the architecture; {DAMAGED}")
     _check_weights(folder)
-    _check_tokenizer(folder)
+    _check_tokenizer(folder, parse_tokenizer)
 
 
 def _read_json(path: Path) -> Any:
@@ -109,9 +112,16 @@ def _check_weights(folder: Path) -> None:
     )
 
 
-def _check_tokenizer(folder: Path) -> None:
+def diagnose_tokenizer(folder: Path, error: Exception) -> CheckpointError:
+    """The error for a tokenizer that did not load: a JSON file of it that does not parse,
+    named with its line and column, else what the loader said."""
+    _check_tokenizer(folder, parse=True)
+    return CheckpointError(f"{folder}: the tokenizer does not load ({type(error).__name__}: {str(error)[:300]}); {DAMAGED}")
+
+
+def _check_tokenizer(folder: Path, parse: bool) -> None:
     for name in ("tokenizer_config.json", "tokenizer.json", "vocab.json"):
-        if (folder / name).is_file():
+        if (folder / name).is_file() and (parse or name == "tokenizer_config.json"):
             _read_json(folder / name)
     has_bpe_files = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
     if not ((folder / "tokenizer.json").is_file() or has_bpe_files or (folder / "tokenizer.model").is_file()):
