@@ -15,27 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-from rl_jobs import JOBS, ROOT  # bench/ is on the path of a script run from it
+from rl_jobs import JOBS, ROOT, train  # bench/ is on the path of a script run from it
 
 
 def run(env: str, staleness: int, steps: int, threads: int, work: Path) -> dict:
-    config, checkpoint = JOBS[env]
-    run_dir = work / f"{env}-k{staleness}"
-    overrides = {
-        "run_dir": run_dir, "init_from": checkpoint, "rl_steps": steps, "threads": threads, "checkpoint_every": 10_000,
-        "audit": False, "sampling_streams": "episode", "max_staleness": staleness,
-    }
-    command = [sys.executable, "-m", "toolpolicy", "train", str(config)]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
+    overrides = {"rl_steps": steps, "sampling_streams": "episode", "max_staleness": staleness}
+    rows = train(env, work / f"{env}-k{staleness}", threads, overrides)
     return {
         "max_staleness": staleness,
         "seconds_per_step": statistics.median(r["time/step"] for r in rows[1:]),

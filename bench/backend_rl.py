@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rl_jobs import JOBS, ROOT  # bench/ is on the path of a script run from it
+from rl_jobs import JOBS, ROOT, train  # bench/ is on the path of a script run from it
 
 
 @contextlib.contextmanager
@@ -50,27 +50,15 @@ def rollout_server(checkpoint: Path, threads: int, port: int = 8765) -> Iterator
 
 
 def run(env: str, backend: str, steps: int, threads: int, work: Path) -> dict:
-    config, checkpoint = JOBS[env]
-    if backend == "endpoint":
-        with rollout_server(checkpoint, threads) as url:
-            return train(config, checkpoint, backend, steps, threads, work, {"rollout_url": url})
-    return train(config, checkpoint, backend, steps, threads, work, {"vllm_threads": threads})
-
-
-def train(config: Path, checkpoint: Path, backend: str, steps: int, threads: int, work: Path, extra: dict) -> dict:
-    run_dir = work / f"{config.stem}-{backend}"
-    overrides = {
-        "run_dir": run_dir, "init_from": checkpoint, "backend": backend, "rl_steps": steps, "threads": threads,
-        "checkpoint_every": 10_000, "audit": False, **extra,
-    }
-    command = [sys.executable, "-m", "toolpolicy", "train", str(config)]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
+    overrides = {"backend": backend, "rl_steps": steps}
     began = time.perf_counter()
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if backend == "endpoint":
+        with rollout_server(JOBS[env][1], threads) as url:
+            began = time.perf_counter()
+            rl = train(env, work / f"{env}-{backend}", threads, {**overrides, "rollout_url": url})
+    else:
+        rl = train(env, work / f"{env}-{backend}", threads, {**overrides, "vllm_threads": threads})
     wall = time.perf_counter() - began
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rl = [r for r in rows if r["phase"] == "rl"]
     return {
         "wall_seconds": wall,
         "seconds_per_step": statistics.median(r["time/step"] for r in rl[1:]),

@@ -16,37 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-from rl_jobs import JOBS, ROOT  # bench/ is on the path of a script run from it
+from rl_jobs import JOBS, ROOT, train  # bench/ is on the path of a script run from it
 
 
 def run(env: str, processes: int, threads: int, steps: int, work: Path) -> dict:
-    config, checkpoint = JOBS[env]
-    run_dir = work / f"{env}-{processes}x{threads}"
-    overrides = {
-        "run_dir": run_dir, "init_from": checkpoint, "rl_steps": steps, "threads": threads, "checkpoint_every": 10_000,
-        "audit": False, "sampling_streams": "episode",
-    }
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
-    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "toolpolicy", "train", str(config)]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rl = [r for r in rows if r["phase"] == "rl"][1:]
+    overrides = {"rl_steps": steps, "sampling_streams": "episode"}
+    every = train(env, work / f"{env}-{processes}x{threads}", threads, overrides, processes)
+    rl = every[1:]
     return {
         "processes": processes,
         "threads_each": threads,
         "seconds_per_step": statistics.median(r["time/step"] for r in rl),
         "rollout_seconds": statistics.median(r["time/rollout"] for r in rl),
         "update_seconds": statistics.median(r["time/step"] - r["time/rollout"] for r in rl),
-        "reward": [r.get("reward") for r in rows if r["phase"] == "rl"],
-        "loss": [r.get("loss") for r in rows if r["phase"] == "rl"],
+        "reward": [r.get("reward") for r in every],
+        "loss": [r.get("loss") for r in every],
     }
 
 

@@ -32,18 +32,18 @@ FORBIDDEN_EVENTS = ("gate_deny", "violation")
 """Events of a call the policy forbids: an episode with one is not a demonstration to imitate."""
 
 
-def is_success(sample: dict[str, Any]) -> bool:
-    """An episode worth imitating: its success reward was 1, it ran to its end (not truncated,
-    no infrastructure error), and it made no call the policy forbids, denied or not.
+def is_success(correct: Any, truncated: Any, infra_error: Any, events: Any) -> bool:
+    """An episode worth imitating: its success reward was 1 (`correct` is True), it ran to its
+    end (not truncated, no infrastructure error), and it made no call the policy forbids,
+    denied or not.
 
-    >>> is_success({"correct": True, "truncated": False, "infra_error": None, "events": []})
+    >>> is_success(True, False, None, [])
     True
-    >>> is_success({"correct": True, "truncated": False, "events": [{"kind": "gate_deny"}]})
+    >>> is_success(True, False, None, [{"kind": "gate_deny"}])
     False
     """
-    events = sample.get("events") or []
-    forbidden = any(isinstance(e, dict) and e.get("kind") in FORBIDDEN_EVENTS for e in events)
-    return sample.get("correct") is True and not sample.get("truncated") and not sample.get("infra_error") and not forbidden
+    forbidden = any(isinstance(e, dict) and e.get("kind") in FORBIDDEN_EVENTS for e in events or [])
+    return correct is True and not truncated and not infra_error and not forbidden
 
 
 def export_episodes(conversations: Iterable[tuple[Sequence[Message], Sequence[ToolSpec]]], out: Path) -> int:
@@ -69,9 +69,7 @@ def successful_stored_episodes(run_dir: Path) -> Iterable[tuple[list[Message], l
     tools = build_env(load_config(run_dir / "config.yaml")).tools.specs()
     for step in steps:
         for stored in read_step(folder, step):
-            sample = {"correct": stored.success, "truncated": stored.truncated, "infra_error": stored.infra_error,
-                      "events": stored.events}
-            if is_success(sample):
+            if is_success(stored.success, stored.truncated, stored.infra_error, stored.events):
                 yield [Message.from_dict(m) for m in stored.messages], tools
 
 
@@ -86,7 +84,7 @@ def successful_eval_episodes(run_dir: Path) -> Iterable[tuple[list[Message], lis
             raise ExportError(f"{samples}: its evaluation's config {config.name} is missing, so its tools are unknown")
         tools = build_env(load_config(config)).tools.specs()
         for _, sample in read_objects(samples, ExportError):
-            if is_success(sample):
+            if is_success(sample.get("correct"), sample.get("truncated"), sample.get("infra_error"), sample.get("events")):
                 yield [Message.from_dict(m) for m in sample.get("messages") or []], tools
 
 

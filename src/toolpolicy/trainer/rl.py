@@ -347,9 +347,9 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     updates = start  # optimizer steps the trainer's weights have had (a resumed run's samplers load them)
     try:
         steps = tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps, disable=not world.main)
+        counted = pool.counts()  # token positions the samplers ran before this step (one gather per step)
         for step in steps:
             began = time.perf_counter()
-            counted = pool.counts()
             # 1. Rollout: group_size episodes per task, contiguous, scored; refilled if too few groups carry a signal.
             # Async (max_staleness k): the first rounds of steps up to step + k are already being sampled.
             while len(ahead) <= cfg.max_staleness and step + len(ahead) < cfg.rl_steps:
@@ -403,7 +403,9 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 write_step(store, step + 1, step_table(step + 1, cfg.group_size, staleness, records))
                 record["time/store"] = time.perf_counter() - stored
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
-            record.update({f"tokens/{kind}": n for kind, n in (pool.counts() - counted).items()})
+            now = pool.counts()
+            record.update({f"tokens/{kind}": n for kind, n in (now - counted).items()})
+            counted = now
             record.update(memory_metrics(model, optimizer))
             if world.main:
                 log.write(record)
