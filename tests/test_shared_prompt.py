@@ -44,3 +44,37 @@ def test_shared_prompts_give_the_full_sequences_log_probs_and_gradients() -> Non
     prompts = int(batch.prompt_lens.sum())
     assert distinct_prompt_tokens(batch) * 4 == prompts
     assert SHARED_PROMPTS.tokens(batch) == FULL_SEQUENCES.tokens(batch) - prompts + prompts // 4
+
+
+def test_logits_start_at_the_first_trained_position_with_the_same_values_and_gradients() -> None:
+    """forward_logprobs skips the logits of a prompt no row trains on (most of an SFT batch's
+    positions with a long system prompt): the trained positions' log-probs, entropies and the
+    gradients are a full forward's, and the skipped positions hold 0."""
+    from toolpolicy.algorithms import entropy_from_logits, token_logprobs
+    from toolpolicy.trainer.batch import forward_logprobs, untrained_head
+
+    policy = PolicyModel.load(CALC_SFT)
+    env = CalcEnv()
+    backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(3))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_tokens=192, max_turn_tokens=64))
+    batch = collate(engine.run(env.tasks("train", 4, seed=2)), policy.pad_id)
+    skip = untrained_head(batch.loss_mask)
+    assert skip > 0 and skip == int(batch.prompt_lens.min()) - 1  # the shortest prompt's last position predicts its first answer token
+    model = policy.model.train()
+    grads = []
+    outputs = []
+    for ours in (True, False):
+        model.zero_grad()
+        if ours:
+            logprobs, entropy = forward_logprobs(model, batch, 0.7, with_entropy=True)
+        else:
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1].float() / 0.7
+            logprobs, entropy = token_logprobs(logits, batch.targets), entropy_from_logits(logits.detach())
+        (-(logprobs * batch.loss_mask).sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        outputs.append((logprobs.detach(), entropy))
+    (ours_logp, ours_ent), (full_logp, full_ent) = outputs
+    mask = batch.loss_mask.bool()
+    assert torch.allclose(ours_logp[mask], full_logp[mask], atol=1e-5) and torch.allclose(ours_ent[mask], full_ent[mask], atol=1e-5)
+    assert torch.equal(ours_logp[:, :skip], torch.zeros_like(ours_logp[:, :skip]))
+    assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -84,14 +85,33 @@ def forward_logprobs(
     model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the targets under `model` (at the sampling temperature), and
-    optionally the per-token entropy (detached). Shapes [B, L-1], on the model's device."""
+    optionally the per-token entropy (detached). Shapes [B, L-1], on the model's device.
+
+    The logits (B x positions x vocabulary: the largest tensor of the update for a real
+    vocabulary) are computed from the first position any row trains on (the model's own
+    `logits_to_keep`, so its own head and any logit scaling apply); the positions before it,
+    a prompt no row trains on, hold 0 in both outputs."""
     batch = batch.to(next(model.parameters()).device)  # no copy when the caller moved it already
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1].float()  # [B, L-1, V]
+    skip = untrained_head(batch.loss_mask) if keeps_logits(model) else 0
+    tail = {"logits_to_keep": batch.input_ids.shape[1] - skip} if skip else {}
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention, **tail).logits[:, :-1].float()  # [B, L-1-skip, V]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    logprobs = token_logprobs(logits, batch.targets)  # [B, L-1]
-    entropy = entropy_from_logits(logits.detach()) if with_entropy else None  # [B, L-1]
+    logprobs = torch.nn.functional.pad(token_logprobs(logits, batch.targets[:, skip:]), (skip, 0))  # [B, L-1]
+    entropy = torch.nn.functional.pad(entropy_from_logits(logits.detach()), (skip, 0)) if with_entropy else None  # [B, L-1]
     return logprobs, entropy
+
+
+def untrained_head(loss_mask: torch.Tensor) -> int:
+    """How many leading target positions no row of the batch trains on (all of them when none does)."""
+    trained = loss_mask.bool().any(0)  # [L-1]
+    return int(trained.int().argmax()) if bool(trained.any()) else trained.shape[0]
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs; a peft model's base)."""
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(core.forward).parameters
 
 
 def shared_prompt_logprobs(
