@@ -25,6 +25,23 @@ def test_gate_check_prints_the_decision_and_exits_by_effect(capsys):
     assert "--args" in capsys.readouterr().err
 
 
+def test_gate_check_resolves_symlinks_in_the_work_folder_it_is_given(tmp_path: Path, capsys):
+    """A name that is a symlink out of the folder passes a check by spelling alone; with
+    --work-folder the check sees the folder on disk as the tools would, and denies it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "secret.txt").write_text("not the agent's")
+    (work / "notes.txt").symlink_to(tmp_path / "secret.txt")
+    base = ["gate", "check", str(POLICIES / "workspace.yaml"), "--tools", str(POLICIES / "workspace_tools.json")]
+    call = ["--tool", "read_file", "--args", '{"path": "notes.txt"}']
+    assert main([*base, *call]) == 0
+    capsys.readouterr()
+    assert main([*base, "--work-folder", str(work), *call]) == 1
+    assert '"effect": "deny"' in capsys.readouterr().out
+    assert main([*base, "--work-folder", str(tmp_path / "missing"), *call]) == 2
+    assert "--work-folder" in capsys.readouterr().err
+
+
 def test_audit_verify_catches_an_edited_record(tmp_path: Path, capsys):
     log = tmp_path / "audit.jsonl"
     gate = Gate(Policy.from_dict({"default": "allow"}, "p"), CalcEnv().tools, audit=AuditLog(log))

@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--state", default="{}", help="episode ledger facts as a JSON object")
     check.add_argument("--tools", default=None, help="JSON file of tool specs (name, description, parameters)")
     check.add_argument("--env", default="calc", help="take the tool specs from this environment when --tools is not given")
+    check.add_argument(
+        "--work-folder", default=None, metavar="DIR",
+        help="where the policy's work_folder is on this machine, so symlinks in it are resolved as the tools would see them",
+    )
 
     serve = gate.add_parser(
         "serve",
@@ -185,7 +189,10 @@ def _gate_check(args: argparse.Namespace) -> int:
         specs = make_env(args.env).tools.specs()
     ledger = Ledger()
     ledger.learn(facts)
-    decision = Gate(Policy.load(args.policy), specs).evaluate(ToolCall(args.tool, call_args), ledger)
+    if args.work_folder is not None and not Path(args.work_folder).is_dir():
+        raise ConfigError(f"--work-folder {args.work_folder}: not a folder")
+    gate = Gate(Policy.load(args.policy), specs, work_folder=args.work_folder)
+    decision = gate.evaluate(ToolCall(args.tool, call_args), ledger)
     print(json.dumps({"effect": decision.effect, "rule_ids": list(decision.rule_ids), "reason": decision.reason, "hint": decision.hint}, indent=2))
     if not decision.allowed:
         print(decision.observation())
