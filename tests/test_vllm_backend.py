@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
@@ -243,6 +244,26 @@ def test_a_rollout_server_that_does_not_answer_is_a_one_line_error_naming_the_fi
         build_backend(cfg, PolicyModel.load(CALC_SFT), torch.Generator().manual_seed(0), 1.0)
     message = str(error.value)
     assert "\n" not in message and "field 'rollout_url'" in message and f"127.0.0.1:{port}" in message
+
+
+def test_a_rollout_server_lost_mid_run_stops_the_command_with_one_line(monkeypatch, capsys, tmp_path: Path):
+    """A server that stops answering after the run started: `toolpolicy train` exits 2 with
+    one line (the run folder keeps its last checkpoint for --resume), not a traceback."""
+    from toolpolicy.cli import main
+    from toolpolicy.rollout import vllm_server
+
+    def lost(self, requests):
+        raise vllm_server.RolloutServerError("http://127.0.0.1:1/v1/completions: no answer after 3 attempts (ConnectError)")
+
+    monkeypatch.setattr(vllm_server.EndpointBackend, "__init__", lambda self, *a, **k: setattr(self, "counts", Counter()))
+    monkeypatch.setattr(vllm_server.EndpointBackend, "sync", lambda self, model: None)
+    monkeypatch.setattr(vllm_server.EndpointBackend, "generate", lost)
+    monkeypatch.setattr(vllm_server.EndpointBackend, "close", lambda self: None)
+    settings = [f"init_from={CALC_SFT}", "backend=endpoint", "rollout_url=http://127.0.0.1:1", "rl_steps=1", f"run_dir={tmp_path / 'run'}"]
+    assert main(["train", str(SMOKE), *[item for s in settings for item in ("--set", s)]]) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    assert "toolpolicy train: error: http://127.0.0.1:1/v1/completions: no answer after 3 attempts (ConnectError)\n" in error
 
 
 def test_without_vllm_the_backend_is_a_one_line_error_saying_how_to_install(monkeypatch):

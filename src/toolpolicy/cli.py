@@ -373,11 +373,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from toolpolicy.model.placement import DeviceUnavailable
     from toolpolicy.trainer.rl import TrainingStalled
     from toolpolicy.registry import ExtensionError
+    from toolpolicy.rollout.vllm_server import RolloutServerError
     from toolpolicy.trainer.sft_data import SftDataError
 
     return (
         ConfigError, PolicyError, BfclFileError, FileNotFoundError, CheckpointError, TrainingStalled, ChatFormatError,
-        DeviceUnavailable, SftDataError, ExportError, ExtensionError,
+        DeviceUnavailable, SftDataError, ExportError, ExtensionError, RolloutServerError,
     )
 
 
