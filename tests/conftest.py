@@ -64,3 +64,12 @@ def family_policy(family_checkpoint):
         return loaded[family]
 
     return get
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on at the moment of asking."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -25,7 +25,7 @@ from toolpolicy.gate import verify
 from toolpolicy.trainer.distributed import World
 from toolpolicy.trainer.rl import rank_share
 
-from conftest import SMOKE
+from conftest import SMOKE, free_port
 
 CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
 BASE = ["--set", f"init_from={CALC_SFT}", "--set", "rl_steps=3", "--set", "checkpoint_every=2"]
@@ -168,14 +168,6 @@ class RayCluster(NamedTuple):
         env = {**os.environ, **self.auth, "OMP_NUM_THREADS": "1"}
         process = subprocess.run([sys.executable, "-m", "toolpolicy", "train", *args], capture_output=True, text=True, env=env, timeout=900)
         assert process.returncode == 0, process.stderr[-3000:]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from toolpolicy.envs import make_env
 from toolpolicy.model import PolicyModel
 from toolpolicy.rollout import GenRequest, Generation
 
-from conftest import SMOKE
+from conftest import SMOKE, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CALC_SFT = ROOT / "checkpoints" / "calc-sft"
@@ -68,9 +68,7 @@ def starting_server(tmp_path_factory):
     if importlib.util.find_spec("vllm") is None:
         yield None
         return
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-m", "toolpolicy", "rollout-server", str(CALC_SFT), "--port", str(port), "--kv-cache-gib", "0.25"]
     log = tmp_path_factory.mktemp("rollout-server") / "server.log"
     with log.open("w") as sink:
@@ -236,9 +234,7 @@ def test_vllm_settings_are_checked_when_the_config_loads():
 
 
 def test_a_rollout_server_that_does_not_answer_is_a_one_line_error_naming_the_field():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there
     cfg = load_config(None, ["backend=endpoint", f"rollout_url=http://127.0.0.1:{port}"])
     with pytest.raises(ConfigError) as error:
         build_backend(cfg, PolicyModel.load(CALC_SFT), torch.Generator().manual_seed(0), 1.0)
