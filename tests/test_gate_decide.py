@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolpolicy.gate import AuditLog, Decision, Gate, Ledger, Policy, verify
-from toolpolicy.gate.ledger import HISTORY_WINDOW
+from toolpolicy.gate.ledger import HISTORY_WINDOW, plain_json_problem
 from toolpolicy.types import ToolCall, ToolSpec
 
 SPECS = [
@@ -419,6 +419,28 @@ def test_the_gate_converts_only_the_arguments_conditions_name() -> None:
         assert g.evaluate(ToolCall("search", {"query": "q", "limit": 1, "filters": {"text": "long " * 1000}})).effect == (
             "allow" if policy is named else "deny"
         )
+
+
+class _Text(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ({"a": ["ok", "\ud800"]}, "a string that is not valid Unicode"),
+        ({"ok": 1, "\ud800": 1}, "an object key that is not valid Unicode"),
+        ({"a": _Text("\ud800")}, "a string that is not valid Unicode"),  # a str subclass takes the full check
+        ([1, 2.5, True, None, "\u00e9", {1: "x"}], "an object key that is a int"),
+        ({"a": [b"x"]}, "a bytes, which is not JSON"),
+        ({"\u00e9": ["\u00fc", 3, {"k": None}], "b": _Text("ok")}, None),
+    ],
+)
+def test_every_leaf_of_the_arguments_is_checked(value: Any, problem: str | None) -> None:
+    """Leaves in the common types are checked inside their container's loop, the rest by
+    recursion; either way a bad leaf anywhere is found."""
+    found = plain_json_problem(value)
+    assert found is None if problem is None else problem in (found or ""), found
 
 
 def test_hostile_nesting_is_denied_not_crashed() -> None:

@@ -96,6 +96,7 @@ class Decision:
 
 Parser = Callable[[str], dict[str, Any]]
 """One argument's parser, bound to the work folder: text -> the view conditions read."""
+_NO_PARSERS: dict[str, Parser] = {}
 
 Approver = Callable[[ToolCall, Decision], bool]
 """Settles an `ask`: gets the call and the ask decision, returns True to allow. Anything
@@ -146,6 +147,7 @@ class Gate:
         self.approver = approver
         self.audit = audit
         self.enforce = enforce
+        self._limited = bool(policy.limits.max_calls or policy.limits.max_consecutive_errors)  # else skip them
         self._validators: dict[str, ArgumentSchema] = {}
         for spec in specs:
             try:
@@ -227,11 +229,11 @@ class Gate:
                 f"Check the arguments against {name}'s parameters.",
             )
 
-        if exceeded := self._limits_exceeded(name, ledger):
+        if self._limited and (exceeded := self._limits_exceeded(name, ledger)):
             return exceeded
 
         rules = self.policy.rules_for(name)
-        context = _LazyContext(name, args, ledger, rules, self._parsers.get(name, {}))
+        context = _LazyContext(name, args, ledger, rules, self._parsers.get(name, _NO_PARSERS))
         forbidding, reasons = [], []
         for rule in () if _screened(rules.forbid_screen, context) else rules.forbid:
             outcome = _condition(rule, context)
@@ -426,9 +428,12 @@ def _screened(screen: tuple[Any, ...] | None, context: _LazyContext) -> bool:
     if isinstance(built, str):
         return False
     try:
-        return all(program.execute(built) is False for program in screen)
+        for program in screen:
+            if program.execute(built) is not False:
+                return False
     except Exception:  # some condition failed: the rules one by one will say which
         return False
+    return True
 
 
 def _condition(rule: Rule, context: _LazyContext) -> bool | str:

@@ -141,12 +141,17 @@ def call_digest(name: str, arguments: Any) -> bytes:
     return hashlib.blake2b(text.encode("ascii"), digest_size=16).digest()
 
 
+_LEAF_TYPES = frozenset({int, float, bool, type(None)})
+
+
 def plain_json_problem(value: Any, levels: int = MAX_NESTING) -> str | None:
     """None if `value` is plain JSON data (dict with str keys, list, str, int, float, bool,
     None) with at most `levels` levels of nesting below it; otherwise what is wrong, for the denial.
 
     The recursion stops at MAX_NESTING levels, so hostile nesting cannot exhaust the Python
-    stack. It runs on every call's arguments before the rules, so the common cases come first.
+    stack. It runs on every call's arguments before the rules, so the common cases come first,
+    and leaves of exactly these types (an ASCII str, int, float, bool, None) are checked in
+    their container's loop; anything else, a subclass included, takes the full check.
     """
     if isinstance(value, str):
         return None if _is_utf8(value) else "arguments contain a string that is not valid Unicode (a lone surrogate)"
@@ -156,10 +161,13 @@ def plain_json_problem(value: Any, levels: int = MAX_NESTING) -> str | None:
         if levels <= 0 and value:
             return f"arguments are nested more than {MAX_NESTING} levels deep"
         for key, child in value.items():
-            if not isinstance(key, str):
-                return f"arguments contain an object key that is a {type(key).__name__}, not a string"
-            if not _is_utf8(key):
-                return "arguments contain an object key that is not valid Unicode"
+            if type(key) is not str or not key.isascii():
+                if not isinstance(key, str):
+                    return f"arguments contain an object key that is a {type(key).__name__}, not a string"
+                if not _is_utf8(key):
+                    return "arguments contain an object key that is not valid Unicode"
+            if type(child) in _LEAF_TYPES or (type(child) is str and child.isascii()):
+                continue  # the common leaves, checked here without a call
             if (problem := plain_json_problem(child, levels - 1)) is not None:
                 return problem
         return None
@@ -167,6 +175,8 @@ def plain_json_problem(value: Any, levels: int = MAX_NESTING) -> str | None:
         if levels <= 0 and value:
             return f"arguments are nested more than {MAX_NESTING} levels deep"
         for child in value:
+            if type(child) in _LEAF_TYPES or (type(child) is str and child.isascii()):
+                continue  # the common leaves, checked here without a call
             if (problem := plain_json_problem(child, levels - 1)) is not None:
                 return problem
         return None

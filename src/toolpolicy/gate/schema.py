@@ -173,6 +173,9 @@ def compile_simple(schema: Any) -> Check | None:
 
     if len(checks) == 1:
         return checks[0]
+    if len(checks) == 2:  # the usual object schema: its type, then its properties (no generator per call)
+        first, second = checks
+        return lambda value: first(value) and second(value)
     return lambda value: all(check(value) for check in checks)
 
 
