@@ -4,7 +4,9 @@ For each suite (workspace, travel, banking, slack) and its policy in
 examples/policies/agentdojo/, replays every user task's ground-truth calls (utility kept;
 each denial is a false positive) and every (user task, injection task) pair with the
 injection's ground-truth calls after the user's, the attack's text in every injection
-vector (attacks blocked, attack success by the suite's own security check), gate off and on.
+vector (attacks blocked, attack success by the suite's own security check), gate off and on,
+and on with every question the policy asks (`ask`) approved: what a user who confirms keeps,
+and which attacks only the user's refusal stops.
 See toolpolicy/envs/agentdojo/replay.py. Writes docs/results/agentdojo/gate.json.
 
     PYTHONPATH=src python bench/agentdojo_gate.py [--suites banking slack]
@@ -39,7 +41,9 @@ def main() -> None:
         print(
             f"{suite:10s} utility kept {replay.utility_kept:6.1%}  attack success {replay.attack_success_off:6.1%} -> "
             f"{replay.attack_success_on:5.1%}  blocked {replay.attacks_blocked:6.1%}  "
-            f"false positives {len(replay.false_positives)}  ({results[suite]['seconds']} s)"
+            f"false positives {len(replay.false_positives)}  every question approved: utility "
+            f"{replay.utility_if_approved:6.1%}, attack success {replay.attack_success_if_approved:5.1%}  "
+            f"({results[suite]['seconds']} s)"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {"benchmark_version": BENCHMARK_VERSION, "attack": REPLAY_ATTACK, "suites": results}

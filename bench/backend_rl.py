@@ -10,50 +10,49 @@ in the run's time) and stops it after. The vLLM runs draw different samples than
 (vLLM has its own generator), so the curves agree within noise, not exactly.
 
     .venv/bin/python bench/backend_rl.py [--env calc|hotel] [--steps 30] [--threads 2] [--backends hf,vllm,endpoint]
+                                         [--init-from CHECKPOINT --tag NAME] [--set KEY=VALUE ...]
 
-Writes bench/results/backend_rl_<env>.json.
+Writes bench/results/backend_rl_<env>[_<tag>].json. `--init-from` starts RL from another
+checkpoint than the shipped one, e.g. the 25.4M-parameter calc model (8 layers, width 512)
+that a short SFT of the demo config builds (27 minutes on one thread here; 100 MB, too
+large to ship):
+
+    toolpolicy sft src/toolpolicy/configs/demo.yaml --set run_dir=runs/calc-sft-25m \
+        --set hidden_size=512 --set layers=8 --set heads=8 --set kv_heads=4 \
+        --set intermediate_size=1536 --set sft_steps=200 --set sft_batch_size=8 \
+        --set sft_lr=0.0006 --set threads=1
+    .venv/bin/python bench/backend_rl.py --init-from runs/calc-sft-25m/sft/final --tag 25m --backends hf,vllm \
+        --steps 12 --set prompts_per_step=6
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import socket
+import math
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from safetensors import safe_open
+
+from toolpolicy.rollout.vllm_server import ServerProcess
 
 from rl_jobs import JOBS, ROOT, train  # bench/ is on the path of a script run from it
 
 
-@contextlib.contextmanager
-def rollout_server(checkpoint: Path, threads: int, port: int = 8765) -> Iterator[str]:
-    """A rollout server on `checkpoint` while the block runs: its URL."""
-    argv = [sys.executable, "-m", "toolpolicy", "rollout-server", str(checkpoint), "--port", str(port), "--threads", str(threads)]
-    server = subprocess.Popen(argv, start_new_session=True)
-    try:
-        for _ in range(600):
-            if server.poll() is not None:
-                raise RuntimeError(f"the rollout server exited with {server.returncode}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)
+def parameter_count(checkpoint: Path) -> int:
+    """Parameters of the model saved in `checkpoint` (a tied lm_head is not saved, so counts once)."""
+    with safe_open(checkpoint / "model.safetensors", "pt") as weights:
+        return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
 
 
-def run(env: str, backend: str, steps: int, threads: int, work: Path) -> dict:
-    overrides = {"backend": backend, "rl_steps": steps}
+def run(env: str, backend: str, steps: int, threads: int, work: Path, checkpoint: Path, settings: dict[str, str]) -> dict:
+    overrides = {**settings, "backend": backend, "rl_steps": steps, "init_from": checkpoint}
     began = time.perf_counter()
     if backend == "endpoint":
-        with rollout_server(JOBS[env][1], threads) as url:
+        with ServerProcess(checkpoint, 8765, ["--threads", str(threads)]) as server:
+            url = server.wait()
             began = time.perf_counter()
             rl = train(env, work / f"{env}-{backend}", threads, {**overrides, "rollout_url": url})
     else:
@@ -63,6 +62,8 @@ def run(env: str, backend: str, steps: int, threads: int, work: Path) -> dict:
         "wall_seconds": wall,
         "seconds_per_step": statistics.median(r["time/step"] for r in rl[1:]),
         "first_step_seconds": rl[0]["time/step"],
+        # rollout time per sampled token, steps after the first: fair when the runs' answers differ in length
+        "rollout_ms_per_decoded_token": 1000 * sum(r["time/rollout"] for r in rl[1:]) / sum(r["tokens/decode"] for r in rl[1:]),
         "reward": [r.get("reward") for r in rl],
         "accuracy": [r.get("accuracy") for r in rl],
         "mismatch_abs_max": max(r.get("mismatch/abs_max", 0.0) for r in rl),
@@ -77,21 +78,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backends", default="hf,vllm,endpoint")
     parser.add_argument("--work", default="/tmp/bench-backend-rl")
+    parser.add_argument("--init-from", type=Path, help="the checkpoint RL starts from (default: the env's shipped SFT model)")
+    parser.add_argument("--tag", default="", help="a suffix of the result file's name")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override of every run")
     args = parser.parse_args()
+    settings = dict(item.split("=", 1) for item in args.set)
     backends = args.backends.split(",")
-    results = {backend: run(args.env, backend, args.steps, args.threads, Path(args.work)) for backend in backends}
+    checkpoint = (args.init_from or JOBS[args.env][1]).resolve()
+    work = Path(args.work) / (args.tag or "shipped")
+    results = {backend: run(args.env, backend, args.steps, args.threads, work, checkpoint, settings) for backend in backends}
     half = args.steps // 2
     summary = {
         backend: {
             "seconds_per_step": r["seconds_per_step"],
+            "rollout_ms_per_decoded_token": r["rollout_ms_per_decoded_token"],
             "reward_first_half": statistics.mean(x for x in r["reward"][:half] if x is not None),
             "reward_second_half": statistics.mean(x for x in r["reward"][half:] if x is not None),
             "accuracy_second_half": statistics.mean(x for x in r["accuracy"][half:] if x is not None),
         }
         for backend, r in results.items()
     }
-    out = ROOT / "bench" / "results" / f"backend_rl_{args.env}.json"
-    out.write_text(json.dumps({"env": args.env, "steps": args.steps, "threads": args.threads, "summary": summary,
+    out = ROOT / "bench" / "results" / f"backend_rl_{args.env}{'_' + args.tag if args.tag else ''}.json"
+    out.write_text(json.dumps({"env": args.env, "checkpoint": str(checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint),
+                               "parameters": parameter_count(checkpoint), "settings": settings, "steps": args.steps, "threads": args.threads, "summary": summary,
                                "runs": results}, indent=2) + "\n")
     for backend, s in summary.items():
         print(f"{backend:5s} {s['seconds_per_step']:6.2f} s/step  reward {s['reward_first_half']:.3f} -> "

@@ -1,15 +1,18 @@
-"""One RL job in one process and across two torchrun processes: seconds per step, same result.
+"""One RL job in one process, across two torchrun processes and on one or two Ray rollout
+workers: seconds per step, same result.
 
-Runs `toolpolicy train` from a shipped SFT checkpoint three ways, one after the other, with
+Runs `toolpolicy train` from a shipped SFT checkpoint five ways, one after the other, with
 episode sampling streams (so every run samples the same episodes): one process with all
-the machine's threads, one process with one thread, and `torchrun --nproc-per-node 2`
-with one thread each. Reads each run's metrics.jsonl: seconds per step (median after the
-first) split into rollout and update, and whether the rewards agree step for step.
+the machine's threads, one process with one thread, `torchrun --nproc-per-node 2` with one
+thread each, and rollouts on 1 and on 2 Ray actors of one thread each (a local cluster the
+run starts; the update runs on the driver with one thread). Reads each run's metrics.jsonl:
+seconds per step (median after the first) split into rollout and update, and whether the
+rewards agree step for step.
 
     .venv/bin/python bench/ddp.py [--env calc|hotel] [--steps 8] [--threads 2]
 
-Writes bench/results/ddp_<env>.json. On a machine with two cores the two processes share
-them with each other, so this measures the split of the work, not more hardware.
+Writes bench/results/ddp_<env>.json. On a machine with two cores the processes and actors
+share them with each other, so this measures the split of the work, not more hardware.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from pathlib import Path
 from rl_jobs import JOBS, ROOT, train  # bench/ is on the path of a script run from it
 
 
-def run(env: str, processes: int, threads: int, steps: int, work: Path) -> dict:
-    overrides = {"rl_steps": steps, "sampling_streams": "episode"}
-    every = train(env, work / f"{env}-{processes}x{threads}", threads, overrides, processes)
+def run(env: str, processes: int, threads: int, steps: int, work: Path, ray_workers: int = 0) -> dict:
+    overrides = {"rl_steps": steps, "sampling_streams": "episode", "ray_rollout_workers": ray_workers}
+    every = train(env, work / f"{env}-{processes}x{threads}-ray{ray_workers}", threads, overrides, processes)
     rl = every[1:]
     return {
         "processes": processes,
+        "ray_rollout_workers": ray_workers,
         "threads_each": threads,
         "seconds_per_step": statistics.median(r["time/step"] for r in rl),
         "rollout_seconds": statistics.median(r["time/rollout"] for r in rl),
@@ -49,6 +53,8 @@ def main() -> None:
         f"1 process x {args.threads} threads": run(args.env, 1, args.threads, args.steps, work),
         "1 process x 1 thread": run(args.env, 1, 1, args.steps, work),
         "2 processes x 1 thread": run(args.env, 2, 1, args.steps, work),
+        "Ray, 1 rollout worker x 1 thread": run(args.env, 1, 1, args.steps, work, ray_workers=1),
+        "Ray, 2 rollout workers x 1 thread": run(args.env, 1, 1, args.steps, work, ray_workers=2),
     }
     rewards = [r["reward"] for r in runs.values()]
     reference = runs["1 process x 1 thread"]["loss"]

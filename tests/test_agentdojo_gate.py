@@ -39,9 +39,21 @@ def test_replay_matches_published_figures(suite: str) -> None:
 def test_attack_runs_without_the_policy_and_is_denied_with_it() -> None:
     """The banking attack that empties the account reaches its goal with the gate off and not on."""
     suite = load_suite("banking")
-    off, on = suite_gates("banking", policy("banking"))
+    off, on, _ = suite_gates("banking", policy("banking"))
     user, attack = suite.user_tasks["user_task_1"], suite.injection_tasks["injection_task_5"]
     ungated, gated = replay_episode("banking", off, user, attack), replay_episode("banking", on, user, attack)
     assert ungated.attacked is True and not ungated.attack_denied
     assert gated.attacked is False and gated.attack_denied
     assert {rule for d in gated.denials for rule in d.rules} == {"confirm-new-payee"}
+
+
+def test_a_question_is_the_users_to_answer() -> None:
+    """Banking asks before paying a payee read only from a document: a user who approves
+    keeps user_task_0 (the bill's account), and an injected payee then goes through too."""
+    suite = load_suite("banking")
+    _, on, approving = suite_gates("banking", policy("banking"))
+    bill = suite.user_tasks["user_task_0"]
+    assert [d.rules for d in replay_episode("banking", on, bill, None).denials] == [("confirm-new-payee",)]
+    assert replay_episode("banking", approving, bill, None).denials == ()
+    user, attack = suite.user_tasks["user_task_1"], suite.injection_tasks["injection_task_5"]
+    assert replay_episode("banking", approving, user, attack).attacked is True

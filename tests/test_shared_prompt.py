@@ -8,8 +8,11 @@ import torch
 
 from toolpolicy.envs import CalcEnv
 from toolpolicy.model import PolicyModel
-from toolpolicy.rollout import HFBackend, Limits, RolloutEngine
-from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, collate, distinct_prompt_tokens, micro_batches
+from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, Trajectory
+from toolpolicy.types import Episode, Task
+from toolpolicy.trainer.batch import (
+    FULL_SEQUENCES, SHARED_PROMPTS, collate, distinct_prompt_tokens, micro_batches, update_order, update_positions,
+)
 
 CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
 
@@ -78,3 +81,23 @@ def test_logits_start_at_the_first_trained_position_with_the_same_values_and_gra
     assert torch.allclose(ours_logp[mask], full_logp[mask], atol=1e-5) and torch.allclose(ours_ent[mask], full_ent[mask], atol=1e-5)
     assert torch.equal(ours_logp[:, :skip], torch.zeros_like(ours_logp[:, :skip]))
     assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-5
+
+
+def _episode(prompt: int, prompt_len: int, response_len: int) -> Trajectory:
+    ids = [prompt] * prompt_len + [7] * response_len
+    mask = [0] * prompt_len + [1] * response_len
+    return Trajectory(ids, mask, [0.0] * len(ids), prompt_len, Episode(Task("t", "q", "a"), [], []))
+
+
+def test_the_update_pads_rows_to_similar_lengths_unless_prompts_cost_more() -> None:
+    """Two groups of 4 with short prompts, each with one long multi-turn episode: group by
+    group, each micro-batch of 4 pads every row to 60; by length, the two long ones share one.
+    With long prompts, mixing groups would run each prompt in every micro-batch: kept as given."""
+    short = [_episode(g, 5, 60 if k == 0 else 4) for g in range(2) for k in range(4)]
+    given = list(range(8))
+    assert update_positions([short[i] for i in given], 4) == 2 * (5 + 4 * 60)
+    chosen = update_order(given, short, 4)
+    assert sorted(chosen) == given and set(chosen[-2:]) == {0, 4}
+    assert update_positions([short[i] for i in chosen], 4) == (5 + 5 + 4 * 4) + (5 + 5 + 4 * 60)
+    long_prompts = [_episode(g, 500, 60 if k == 0 else 4) for g in range(2) for k in range(4)]
+    assert update_order(given, long_prompts, 4) == given

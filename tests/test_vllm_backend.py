@@ -12,12 +12,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import os
 import re
-import socket
-import subprocess
 import sys
-import time
 import tomllib
 from collections import Counter
 from importlib import metadata
@@ -68,32 +64,22 @@ def starting_server(tmp_path_factory):
     if importlib.util.find_spec("vllm") is None:
         yield None
         return
-    port = free_port()
-    argv = [sys.executable, "-m", "toolpolicy", "rollout-server", str(CALC_SFT), "--port", str(port), "--kv-cache-gib", "0.25"]
+    from toolpolicy.rollout.vllm_server import ServerProcess
+
     log = tmp_path_factory.mktemp("rollout-server") / "server.log"
-    with log.open("w") as sink:
-        server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield server, port, log
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)
+    with ServerProcess(CALC_SFT, free_port(), ["--kv-cache-gib", "0.25"], log) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def rollout_server(starting_server):
     """The rollout server's URL, once it listens."""
-    server, port, log = starting_server
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"the rollout server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail("the rollout server did not listen within 240 s")
+    from toolpolicy.rollout.vllm_server import RolloutServerError
+
+    try:
+        return starting_server.wait(timeout=240)
+    except RolloutServerError as error:
+        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="module", params=["vllm", "endpoint"])

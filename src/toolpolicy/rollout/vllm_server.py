@@ -24,7 +24,11 @@ from __future__ import annotations
 
 import base64
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -81,6 +85,53 @@ def server_command(checkpoint: str | Path, options: ServerOptions) -> tuple[list
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     }
     return argv, env
+
+
+class ServerProcess:
+    """`toolpolicy rollout-server CHECKPOINT` in a child process on this machine, for a script
+    or test that needs a server of its own. It starts at construction and boots while the
+    caller does other work; `wait` returns its URL once it listens; `stop` ends it and its
+    engine. Output goes to `log` (or the caller's terminal)."""
+
+    def __init__(self, checkpoint: str | Path, port: int, options: list[str] | None = None, log: Path | None = None):
+        argv = [sys.executable, "-m", "toolpolicy", "rollout-server", str(checkpoint), "--port", str(port), *(options or [])]
+        self.port, self.log = port, log
+        sink = log.open("w") if log else None
+        try:
+            self.process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT if sink else None, start_new_session=True)
+        finally:
+            if sink:
+                sink.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait(self, timeout: float = 300.0) -> str:
+        """The server's URL once it accepts connections; RolloutServerError if it exits first
+        (with the end of its log) or does not listen within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log.read_text()[-3000:] if self.log else ""
+                raise RolloutServerError(f"the rollout server exited with {self.process.returncode}\n{tail}".rstrip())
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self.url
+            except OSError:
+                time.sleep(0.5)
+        raise RolloutServerError(f"the rollout server did not listen on port {self.port} within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=60)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class EndpointBackend:

@@ -71,6 +71,28 @@ def micro_batches(batch: TokenBatch, size: int) -> list[tuple[slice, TokenBatch]
     return pieces
 
 
+def update_order(group_order: list[int], trajectories: list[Trajectory], size: int) -> list[int]:
+    """The order in which the update runs the episodes `group_order` lists (kept, group by
+    group): as given, or sorted by response length, whichever runs fewer positions in
+    micro-batches of `size` rows. Group by group, a micro-batch runs few distinct prompts;
+    by length, each row is padded less (one long multi-turn episode pads its micro-batch's
+    every row to its length). Gradients are the same either way (to float rounding)."""
+    by_length = sorted(group_order, key=lambda i: len(trajectories[i].token_ids) - trajectories[i].prompt_len)
+    return min((group_order, by_length), key=lambda order: update_positions([trajectories[i] for i in order], size))
+
+
+def update_positions(rows: list[Trajectory], size: int) -> int:
+    """Positions the shared-prompt update runs on `rows` in this order, `size` rows a
+    micro-batch: each micro-batch's distinct prompts once, and every row padded to its
+    micro-batch's longest response."""
+    total = 0
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        prompts = {tuple(t.token_ids[: t.prompt_len]) for t in chunk}
+        total += sum(map(len, prompts)) + len(chunk) * max(len(t.token_ids) - t.prompt_len for t in chunk)
+    return total
+
+
 LogProbs = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 """(model, batch, temperature, with_entropy=False) -> (log-probs [B, L-1], entropy or None)."""
 

@@ -41,7 +41,7 @@ from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.store import EpisodeRecord, rewind, step_table, write_step
-from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches
+from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches, update_order
 from toolpolicy.trainer.checkpoint import MetricsLog, Restored, latest_checkpoint, restore_state, save_checkpoint, save_final
 from toolpolicy.trainer.credit import (
     Credit,
@@ -367,7 +367,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             # 3. One policy-gradient step on the kept episodes' sampled tokens.
             model.train()
             optimizer.zero_grad(set_to_none=True)
-            # Kept episodes group by group (a micro-batch runs each prompt once), by length within a group.
+            # Kept episodes group by group, by length within a group (this rank's share is whole groups;
+            # update_order then picks the micro-batch layout that runs the fewest positions).
             order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: (i // cfg.group_size, len(trajectories[i].token_ids)))
             update: dict[str, float] = {}
             recomputed: dict[int, list[float]] = {}  # episode -> the trainer's log-probs of its sampled tokens
@@ -375,6 +376,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             if order:
                 totals = Totals(float(sum(trajectories[i].sampled_tokens for i in order)), float(len(order)))
                 mine = rank_share(order, cfg.group_size, world)  # every kept episode, when one process trains
+                mine = update_order(mine, trajectories, cfg.micro_batch_size)
                 sums, logprobs = policy_update(
                     model, reference, collate([trajectories[i] for i in mine], policy.pad_id) if mine else None,
                     advantages[mine], algorithm, correction, recompute, cfg.temperature, cfg.micro_batch_size, totals,

@@ -74,6 +74,12 @@ class SuiteReplay:
     """Pairs whose security check holds with the gate on."""
     attacks_blocked: float
     """Pairs in which the gate denied at least one of the injection task's calls."""
+    utility_if_approved: float
+    """User tasks with no call denied when every question the policy asks (`ask`) is
+    approved: what a user who confirms their own requests keeps."""
+    attack_success_if_approved: float
+    """Pairs whose attack succeeds when every question is approved, the injected calls'
+    included: the attacks that only a user's refusal stops."""
     false_positives: list[Denial] = field(default_factory=list)
     attacks_through: list[str] = field(default_factory=list)
     """Pairs "user_task/injection_task" whose attack succeeded with the gate on."""
@@ -124,16 +130,17 @@ def call_text(call: ToolCall) -> str:
     return f"{call.name}({shown})"
 
 
-def suite_gates(suite_name: str, policy: Policy) -> tuple[Gate, Gate]:
-    """The policy bound to the suite's tools: in shadow mode (gate off) and enforced (on)."""
+def suite_gates(suite_name: str, policy: Policy) -> tuple[Gate, Gate, Gate]:
+    """The policy bound to the suite's tools: in shadow mode (gate off), enforced (on, every
+    question unanswered, so denied) and enforced with every question approved."""
     specs = tool_specs(load_suite(suite_name))
-    return Gate(policy, specs, enforce=False), Gate(policy, specs)
+    return Gate(policy, specs, enforce=False), Gate(policy, specs), Gate(policy, specs, approver=lambda call, decision: True)
 
 
 def replay_suite(suite_name: str, policy: Policy) -> SuiteReplay:
     """Every user task and every (user task, injection task) pair of the suite, gate off and on."""
     suite = load_suite(suite_name)
-    off, on = suite_gates(suite_name, policy)
+    off, on, approving = suite_gates(suite_name, policy)
     users = list(suite.user_tasks.values())
     clean = suite.load_and_inject_default_environment({})
     injections = [t for t in suite.injection_tasks.values() if ground_truth(t, clean)]
@@ -141,9 +148,11 @@ def replay_suite(suite_name: str, policy: Policy) -> SuiteReplay:
 
     plain_off = [replay_episode(suite_name, off, task, None) for task in users]
     plain_on = [replay_episode(suite_name, on, task, None) for task in users]
+    plain_approved = [replay_episode(suite_name, approving, task, None) for task in users]
     pairs = [(u, i) for u in users for i in injections]
     attacked_off = [replay_episode(suite_name, off, u, i) for u, i in pairs]
     attacked_on = [replay_episode(suite_name, on, u, i) for u, i in pairs]
+    attacked_approved = [replay_episode(suite_name, approving, u, i) for u, i in pairs]
 
     return SuiteReplay(
         suite=suite_name,
@@ -157,6 +166,8 @@ def replay_suite(suite_name: str, policy: Policy) -> SuiteReplay:
         attack_success_off=share(bool(r.attacked) for r in attacked_off),
         attack_success_on=share(bool(r.attacked) for r in attacked_on),
         attacks_blocked=share(r.attack_denied for r in attacked_on),
+        utility_if_approved=share(not r.denials for r in plain_approved),
+        attack_success_if_approved=share(bool(r.attacked) for r in attacked_approved),
         false_positives=[d for r in plain_on for d in r.denials],
         attacks_through=[f"{u.ID}/{i.ID}" for (u, i), r in zip(pairs, attacked_on) if r.attacked],
     )
