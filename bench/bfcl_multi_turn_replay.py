@@ -23,6 +23,8 @@ from toolpolicy.gate import Gate, Policy
 from toolpolicy.model import char_codec, make_template
 from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend
 
+from result_file import write_result  # bench/ is on the path of a script run from it
+
 ROOT = Path(__file__).parent.parent
 POLICY = ROOT / "examples" / "policies" / "bfcl_multi_turn.yaml"
 # Wide budgets: the replay must never be cut; long_context posts texts of ~4,000 characters.
@@ -53,7 +55,7 @@ def main() -> None:
         "cpu_seconds": round(cpu, 1),
     }
     out = ROOT / "bench" / "results" / "bfcl_multi_turn_replay.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("failures", "policy_denials")}, indent=2))
     print(f"failures: {len(result['failures'])}, policy denials: {len(result['policy_denials'])} -> {out}")
 

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_file import write_result  # bench/ is on the path of a script run from it
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 MODELS = {  # shipped checkpoint: the config it was trained with
@@ -89,5 +91,5 @@ if __name__ == "__main__":
     result = {"agreement": agreement, "oracle": oracle}[args.part]() if args.part != "models" else models(args.per_category)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"bfcl_v4_{args.part}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(path, result)
     print(f"wrote {path.relative_to(ROOT)}")

@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 
 from rl_jobs import JOBS, ROOT, train  # bench/ is on the path of a script run from it
+from result_file import write_result
 
 
 def run(env: str, processes: int, threads: int, steps: int, work: Path, ray_workers: int = 0) -> dict:
@@ -66,7 +67,7 @@ def main() -> None:
         **{name: r["seconds_per_step"] for name, r in runs.items()},
     }
     out = ROOT / "bench" / "results" / f"ddp_{args.env}.json"
-    out.write_text(json.dumps({"env": args.env, "steps": args.steps, "summary": summary, "runs": runs}, indent=2) + "\n")
+    write_result(out, {"env": args.env, "steps": args.steps, "summary": summary, "runs": runs})
     for name, r in runs.items():
         print(f"{name}: {r['seconds_per_step']:.2f} s/step (rollout {r['rollout_seconds']:.2f}, update {r['update_seconds']:.2f})")
     print(json.dumps(summary, indent=2))

@@ -23,8 +23,6 @@ no code of that length avoids.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +30,8 @@ from typing import Any
 
 from toolpolicy.gate import AuditLog, Gate, Ledger, Policy
 from toolpolicy.types import ToolCall, ToolSpec
+
+from result_file import write_result  # bench/ is on the path of a script run from it
 
 SIZES = (1, 10, 100, 1000)
 TOOLS = [f"tool_{i}" for i in range(20)]
@@ -131,8 +131,7 @@ def main() -> None:
         print(f"{row['layout']:<20}{row['rules']:>6}" + "".join(f"{row[q]:>9.1f}" for q in ("p50", "p90", "p99", "p99.9")))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor()}
-    out.write_text(json.dumps({"decisions": args.decisions, "machine": machine, "rows": rows}, indent=2) + "\n")
+    write_result(out, {"decisions": args.decisions, "rows": rows})
     print(f"wrote {out}")
 
 

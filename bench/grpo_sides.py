@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from result_file import write_result  # bench/ is on the path of a script run from it
+
 if TYPE_CHECKING:
     from toolpolicy.config import Config
     from toolpolicy.rollout import Trajectory
@@ -378,7 +380,7 @@ def main() -> None:
     run_dir = out.parent / f"{out.stem}-run"
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, never a resumed one
     steps, extra = RUNNERS[side](work, run_dir)
-    out.write_text(json.dumps({"side": side, "steps": [asdict(s) for s in steps], **extra}, indent=1) + "\n")
+    write_result(out, {"side": side, "steps": [asdict(s) for s in steps], **extra}, indent=1)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from toolpolicy.model.placement import Placement
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine
 from toolpolicy.trainer.batch import collate, forward_logprobs
 
+from result_file import machine, write_result  # bench/ is on the path of a script run from it
+
 ROOT = Path(__file__).parent.parent
 SHAPE = ModelShape(vocab_size=0, hidden_size=512, layers=8, heads=8, kv_heads=4, intermediate_size=1536)
 # (overrides, steps): bfloat16 autocast is 5x (forward) to 25x (backward) slower than float32
@@ -89,15 +91,6 @@ def logprob_gap(model: Path, dtype: str, episodes: int) -> dict:
     return {"tokens": int(mask.sum()), "max_abs_gap": float(gap.max()), "mean_abs_gap": float(gap.mean())}
 
 
-def cpu_name() -> str:
-    """The CPU model and whether it has bfloat16 instructions (AVX512-BF16, AMX)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "unknown")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    bf16 = sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile"))
-    return f"{name} (bfloat16 instructions: {', '.join(bf16) or 'none'})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
@@ -112,12 +105,11 @@ def main() -> None:
     results = {
         "parameters": parameters,
         "threads": args.threads,
-        "cpu": cpu_name(),
         "sft": {name: sft_run(model, work, name, overrides, steps, args.threads) for name, (overrides, steps) in VARIANTS.items()},
         "logprob_gap": {dtype: logprob_gap(model, dtype, 16) for dtype in ("float32", "bfloat16")},
     }
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"{parameters / 1e6:.1f}M parameters, {args.threads} threads, {results['cpu']}")
+    write_result(args.out, results)
+    print(f"{parameters / 1e6:.1f}M parameters, {args.threads} threads, {machine()}")
     for name, row in results["sft"].items():
         print(f"{name:20s} {row['s_per_step']:.2f} s/step ({row['steps']} steps)  peak {row['peak_memory_mb']:.0f} MB  "
               f"trainable {row['trainable_params'] / 1e6:.2f}M  optimizer {row['optimizer_state_mb']:.1f} MB")

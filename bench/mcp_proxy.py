@@ -20,9 +20,7 @@ Each row: one session, `--warmup` calls, then `--calls` timed calls, one at a ti
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -32,6 +30,8 @@ from typing import Any
 import anyio
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from result_file import write_result  # bench/ is on the path of a script run from it
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "mcp_server.py"
@@ -106,9 +106,7 @@ def main() -> None:
         print(f"{row['mode']:<18}" + "".join(f"{value:>8.2f}" for value in values))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
-    result = {"calls": args.calls, "warmup": args.warmup, "machine": machine, "rows": rows}
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, {"calls": args.calls, "warmup": args.warmup, "rows": rows})
     print(f"wrote {out}")
 
 

@@ -23,7 +23,6 @@ Writes bench/results/rollout_reuse.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from toolpolicy.model import PolicyModel
 from toolpolicy.rollout import GenRequest, HFBackend, Limits, RolloutEngine
 from toolpolicy.tools import ToolSet, tool
 from toolpolicy.tools.calculator import calculator as real_calculator
+
+from result_file import write_result  # bench/ is on the path of a script run from it
 
 ROOT = Path(__file__).parent.parent
 OUT = ROOT / "bench" / "results" / "rollout_reuse.json"
@@ -158,8 +159,8 @@ def main() -> None:
     bar.close()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT).stdout)
-    OUT.write_text(json.dumps({"commit": commit + ("+changes" if dirty else ""), "threads": args.threads,
-                               "repeats": args.repeats, "results": results}, indent=2) + "\n")
+    write_result(OUT, {"commit": commit + ("+changes" if dirty else ""), "threads": args.threads, "repeats": args.repeats,
+                       "results": results})
     for result in results:
         variants = [k for k in result if k not in ("setting", "identical_samples")]
         first = result[variants[0]]

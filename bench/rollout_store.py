@@ -24,6 +24,8 @@ from rl_jobs import JOBS, ROOT
 from toolpolicy.cli import main as toolpolicy
 from toolpolicy.rollout.store import step_file, stored_steps
 
+from result_file import write_result  # bench/ is on the path of a script run from it
+
 
 def measure(run_dir: Path) -> dict:
     folder = run_dir / "rl" / "rollouts"
@@ -62,7 +64,7 @@ def main() -> None:
             sys.exit(code)
         result = {"job": args.job, **measure(run_dir)}
     out = ROOT / "bench" / "results" / f"rollout_store_{args.job}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result)
     print(json.dumps(result, indent=2))
     print(f"wrote {out}")
 

@@ -22,13 +22,14 @@ every call wakes three processes in turn, and each wake-up waits for a free CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 from pathlib import Path
 
 from toolpolicy.tools import PythonSandbox, SandboxLimits
+
+from result_file import write_result  # bench/ is on the path of a script run from it
 
 PRINT = "print(1 + 1)"
 COMPUTE = "print(sum(i * i for i in range(100_000)))"
@@ -108,7 +109,7 @@ def main() -> None:
         "load_average_after": load_after,
     }
     report = {"calls": args.calls, "goal_p50_ms": GOAL_P50_MS, "isolation": isolation.__dict__, "machine": machine, "rows": rows}
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(out, report)
     print(f"wrote {out}")
 
 

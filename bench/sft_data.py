@@ -38,6 +38,8 @@ from toolpolicy.trainer.demonstrations import build_embedded, demonstrations, de
 from toolpolicy.trainer.sft import train_sft
 from toolpolicy.trainer.sft_data import data_examples
 
+from result_file import write_result  # bench/ is on the path of a script run from it
+
 ROOT = Path(__file__).parent.parent
 SHIPPED = ROOT / "checkpoints" / "calc-sft"
 
@@ -93,7 +95,7 @@ def main() -> None:
     results["within_2_points"] = gap <= 0.02
     full = not (args.steps or args.examples or args.eval_tasks)
     path = ROOT / "bench" / "results" / ("sft_data.json" if full else f"sft_data_{cfg.sft_steps}.json")
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(path, results)
     print(json.dumps(results, indent=2))
 
 

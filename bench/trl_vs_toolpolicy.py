@@ -83,6 +83,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from grpo_sides import SIDES, Workload
+from result_file import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDES_SCRIPT = Path(__file__).resolve().parent / "grpo_sides.py"
@@ -259,7 +260,7 @@ def main() -> None:
         "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    write_result(args.out, results)
     print_table(results["settings"])
     print(f"wrote {args.out}")
 

@@ -33,6 +33,8 @@ from toolpolicy.report.page import write_report  # noqa: E402
 from toolpolicy.report.viewer import VIEWER_EPISODES, VIEWER_STEPS  # noqa: E402
 from toolpolicy.rollout.store import step_file, stored_steps  # noqa: E402
 
+from result_file import write_result  # noqa: E402  (bench/ is on the path of a script run from it)
+
 DATA = re.compile(r'<script type="application/json" id="viewer-data">(.*?)</script>', re.DOTALL)
 
 
@@ -93,7 +95,7 @@ def main() -> None:
         "pages": [page_figures(args.run_dir, *limits) for limits in ((0, 0), everything, (VIEWER_STEPS, VIEWER_EPISODES))],
     }
     out = ROOT / "bench" / "results" / f"viewer_page_{args.run_dir.name}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result)
     print(json.dumps(result, indent=2))
     print(f"wrote {out}")
     if args.screenshot:

@@ -32,6 +32,8 @@ from toolpolicy.model.embedded import ModelShape, build_model, parameter_count
 from toolpolicy.rollout import GenRequest, HFBackend
 from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings
 
+from result_file import write_result  # bench/ is on the path of a script run from it
+
 ROOT = Path(__file__).parent.parent
 CALC_SFT = ROOT / "checkpoints" / "calc-sft"
 WIDE = ModelShape(vocab_size=0, hidden_size=512, layers=8, heads=8, kv_heads=4, intermediate_size=1536)
@@ -111,7 +113,7 @@ def main() -> None:
             models["wide-25m"] = (Path(scratch), build_wide(Path(scratch)))
         for name, (folder, parameters) in models.items():
             result["models"][name] = {"parameters": parameters, "runs": [measure(folder, t, requests, warmup, args.repeats) for t in threads]}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(f"wrote {args.out}")
 
 

@@ -8,6 +8,7 @@ import torch
 from toolpolicy.algorithms import (
     AGGREGATIONS,
     aggregate_loss,
+    chunked_token_logprobs,
     entropy_from_logits,
     expand_group_mask,
     group_advantages,
@@ -207,6 +208,41 @@ def test_token_logprobs_by_hand_and_against_log_softmax():
     expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
     assert lp.dtype == torch.float32 and lp.shape == (2, 3)
     assert torch.allclose(lp, expected, atol=1e-5)
+
+
+def test_chunked_token_logprobs_equal_the_whole_computation_and_never_save_all_logits():
+    # 10 positions through a 16 -> 50 head, 3 at a time (chunks of 3, 3, 3, 1): the same
+    # log-probs, entropies and gradients (of the hidden states and the head) as computing
+    # the [10, 50] logits at once; the backward pass recomputes each chunk, so what autograd
+    # keeps for it is the chunks' inputs (10 x 16 hidden values, 10 targets), not 10 x 50 logits.
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(10, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (10,))
+    weights = torch.randn(10)
+
+    logits = head(hidden) / 0.7  # [10, 50]
+    whole = token_logprobs(logits, targets)
+    (whole * weights).sum().backward()
+    expected_grads = (hidden.grad.clone(), head.weight.grad.clone())
+    expected_entropy = entropy_from_logits(logits.detach())
+    hidden.grad, head.weight.grad = None, None
+
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        chunked, entropy = chunked_token_logprobs(hidden, head, targets, chunk=3, temperature=0.7, with_entropy=True)
+    (chunked * weights).sum().backward()
+    assert torch.allclose(chunked, whole, atol=1e-6) and torch.allclose(entropy, expected_entropy, atol=1e-6)
+    assert torch.allclose(hidden.grad, expected_grads[0], atol=1e-6) and torch.allclose(head.weight.grad, expected_grads[1], atol=1e-6)
+    assert sum(saved) == 10 * 16 + 10, saved
+
+    with torch.no_grad():  # the sampler's and the reference's case: no recomputation
+        assert torch.allclose(chunked_token_logprobs(hidden, head, targets, chunk=4, temperature=0.7)[0], whole, atol=1e-6)
 
 
 # ---------------------------------------------------------------- filters

@@ -167,6 +167,31 @@ def test_the_sample_file_loads_with_every_category() -> None:
     assert schema["type"] == "object" and schema["properties"]["amount"]["type"] == "number"
 
 
+def test_limit_takes_the_first_entries_of_each_category_and_an_entry_samples_alike_in_any_subset(tmp_path: Path) -> None:
+    """`--limit 2`: the first two entries of each of the sample's 5 categories (one has a
+    single entry), in file order. Each entry samples from its own seeded stream, so with
+    --limit it answers exactly as in the full run (at temperature 3, where the tiny model's
+    answers vary from draw to draw)."""
+    from toolpolicy.eval.bfcl import first_per_category
+
+    entries = load_entries(SAMPLE)
+    firsts = first_per_category(entries, 2)
+    assert len(firsts) == 2 + 2 + 2 + 2 + 1 and firsts == [e for e in entries if e in firsts]
+    assert all(sum(f.category == e.category for f in firsts) == min(2, sum(x.category == e.category for x in entries)) for e in entries)
+    assert first_per_category(entries, None) == entries
+
+    shipped = Path(__file__).parent.parent / "checkpoints" / "calc-sft"
+    texts = {}
+    for limit in ([], ["--limit", "1"]):
+        run_dir = tmp_path / f"limit{len(limit)}"
+        settings = [f"run_dir={run_dir}", f"eval_checkpoint={shipped}", "eval_temperature=3.0", "max_turn_tokens=16"]
+        assert main(["eval", str(SMOKE), "--bfcl", str(SAMPLE), *limit, *[x for s in settings for x in ("--set", s)]]) == 0
+        rows = [json.loads(line) for line in (run_dir / "eval" / "bfcl_results.jsonl").read_text().splitlines()]
+        texts[len(limit)] = {r["id"]: r["text"] for r in rows}
+    assert len(texts[2]) == 5 and all(texts[0][key] == text for key, text in texts[2].items())
+    assert main(["eval", str(SMOKE), "--bfcl", str(SAMPLE), "--limit", "0"]) == 2
+
+
 def test_eval_bfcl_scores_a_served_oracle_perfectly(tmp_path: Path, capsys) -> None:
     """The oracle sends each entry's first acceptable values (parallel calls reversed): 100%."""
     env = {**os.environ, "BFCL_ORACLE": str(SAMPLE)}

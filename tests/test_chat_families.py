@@ -245,7 +245,9 @@ def test_a_template_without_a_known_call_syntax_says_how_to_name_it(tmp_path: Pa
     phi3 = (importlib.resources.files("trl") / "chat_templates" / "phi3.jinja").read_text()
     with pytest.raises(ChatFormatError, match="set chat_format to one of: hermes, llama3_json, mistral"):
         JinjaTemplate.of(tokenizer, source=phi3)
-    assert JinjaTemplate.of(tokenizer, "hermes", phi3).syntax == "hermes"
+    with pytest.raises(ChatFormatError, match="chat_tools: system"):  # phi3's template has no tools section either
+        JinjaTemplate.of(tokenizer, "hermes", phi3)
+    assert JinjaTemplate.of(tokenizer, "hermes", phi3, tools="system").syntax == "hermes"
     template_file = tmp_path / "phi3.jinja"
     template_file.write_text(phi3)
     from conftest import SMOKE

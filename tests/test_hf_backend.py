@@ -111,3 +111,67 @@ def test_an_episode_stream_samples_the_same_tokens_in_any_batch(hotel_policy: Po
     assert run([2, 1], [10, 8]) == [together[3], together[1]]
     assert together[2] != together[3], "two seeds of one task should sample differently"
     assert max(len(ids) for ids in together) > 300, "episodes of several turns"
+
+
+class Bounded(HFBackend):
+    """The sampler with a KV-cache budget of `rows` rows of `positions` positions for a decode
+    batch (and as much for the rows it keeps), recording the most cache it kept between turns."""
+
+    def __init__(self, policy: PolicyModel, rows: int, positions: int) -> None:
+        super().__init__(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(5), 1.0)
+        self.cache_bytes = 2 * rows * positions * self.position_bytes
+        self.most_kept = 0
+
+    def generate(self, requests: list[GenRequest]):
+        out = super().generate(requests)
+        self.most_kept = max(self.most_kept, sum(rows.nbytes() for rows in self._rows if rows is not None))
+        return out
+
+
+def test_a_cache_budget_changes_how_often_tokens_are_computed_never_which(hotel_policy: PolicyModel) -> None:
+    """Multi-turn hotel episodes with a seed each, sampled with a KV cache room for two rows of
+    700 positions (batches of one or two episodes; most episodes' caches dropped between turns
+    and prefilled again): the same ids and log-probs as without a budget, more prefill, and
+    never more cache kept than the budget."""
+    env = HotelEnv()
+    tasks = [task for task in env.tasks("train", 3, seed=11) for _ in range(2)]
+    limits = Limits(max_turns=8, max_tokens=640)
+    unbounded, bounded = backend_of(hotel_policy), Bounded(hotel_policy, rows=2, positions=700)
+    runs = []
+    for backend in (unbounded, bounded):
+        engine = RolloutEngine(env, hotel_policy.chat, hotel_policy.encode, hotel_policy.decode, backend, limits)
+        runs.append(engine.run(tasks, seeds=list(range(100, 106))))
+    assert max(len(t.turn_spans) for t in runs[0]) >= 3, "episodes of several turns"
+    assert [t.token_ids for t in runs[0]] == [t.token_ids for t in runs[1]]
+    for a, b in zip(*runs):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    assert bounded.counts["prefill"] > unbounded.counts["prefill"]
+    assert 0 < bounded.most_kept <= bounded.cache_bytes // 2
+
+
+def test_batches_fit_the_budget_in_order_and_a_long_request_runs_alone(hotel_policy: PolicyModel) -> None:
+    # Budget: 3 rows of 100 positions. Requests of 30, 50, 70, 250 and 10 ids, each with 20
+    # new tokens: 50, 70 and 90 positions. [0, 1] costs 2 x 70 = 140 <= 300; adding request 2
+    # makes it 3 x 90 = 270, still in; a 4th row would exceed max_batch=3 anyway. Request 3 (270
+    # positions) is alone; request 4 then costs 1 x 30.
+    backend = HFBackend(hotel_policy.model, hotel_policy.stop_ids, hotel_policy.pad_id, torch.Generator(), max_batch=3)
+    backend.cache_bytes = 2 * 300 * backend.position_bytes  # half of it for a batch
+    requests = [GenRequest(k, [1] * n, 20) for k, n in enumerate((30, 50, 70, 250, 10))]
+    assert backend.batches(requests) == [[0, 1, 2], [3], [4]]
+    backend.cache_bytes = 2 * 200 * backend.position_bytes  # 3 x 90 = 270 > 200: request 2 starts a batch
+    assert backend.batches(requests) == [[0, 1], [2], [3], [4]]
+    assert backend.batches(requests, [4, 0]) == [[4, 0]]
+
+
+def test_the_sampler_computes_logits_for_the_last_position_only(hotel_policy: PolicyModel) -> None:
+    """Prefill and appended observations run many positions through the model, but only the
+    last one's logits are needed to sample: the output head sees one position per row. The
+    attention is SDPA's (on the CPU its flash kernel), which never holds a [B, H, L, L] score matrix."""
+    assert hotel_policy.model.config._attn_implementation == "sdpa"
+    positions = []
+    hook = hotel_policy.model.get_output_embeddings().register_forward_hook(lambda _, args, out: positions.append(args[0].shape[1]))
+    try:
+        rollout(hotel_policy, backend_of(hotel_policy), groups=2, size=2)
+    finally:
+        hook.remove()
+    assert positions and set(positions) == {1}

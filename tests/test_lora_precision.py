@@ -128,3 +128,57 @@ def test_devices_that_are_not_there_are_config_errors(tmp_path: Path, capsys) ->
     if not torch.cuda.is_available():
         assert main(["eval", str(SMOKE), "--set", f"run_dir={tmp_path}", "--set", f"eval_checkpoint={CALC_SFT}", "--set", "device=cuda"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9R14
+flags\t\t: fpu vme sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni
+
+processor\t: 1
+model name\t: AMD EPYC 9R14
+flags\t\t: fpu vme sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni
+"""
+
+
+@pytest.mark.parametrize(
+    ("device", "flags", "cuda_bf16", "expected"),
+    [
+        ("cpu", {"avx2", "avx512f", "avx512_bf16"}, False, "bfloat16"),  # AMD Zen 4, Intel Cooper Lake
+        ("cpu", {"avx2", "amx_tile", "amx_bf16"}, False, "bfloat16"),  # Intel Sapphire Rapids
+        ("cpu", {"avx2", "avx512f"}, False, "float32"),  # AVX-512 alone emulates bfloat16 products
+        ("cpu", set(), False, "float32"),  # not x86 / flags unknown
+        ("cuda", set(), True, "bfloat16"),  # Ampere and later
+        ("cuda", {"avx512_bf16"}, False, "float32"),  # a V100: the CPU's flags do not matter
+        ("mps", {"avx512_bf16"}, False, "float32"),
+    ],
+)
+def test_dtype_auto_is_bfloat16_only_where_the_hardware_computes_in_it(device, flags, cuda_bf16, expected) -> None:
+    from toolpolicy.model.placement import auto_dtype
+
+    assert auto_dtype(device, flags, cuda_bf16) == expected
+
+
+def test_cpu_model_and_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    from toolpolicy.model.placement import cpu_model_and_flags, resolve_dtype
+
+    name, flags = cpu_model_and_flags(CPUINFO)
+    assert name == "AMD EPYC 9R14" and {"avx512f", "avx512_bf16"} <= flags and "amx_bf16" not in flags
+    assert cpu_model_and_flags("") == ("", frozenset())
+    assert resolve_dtype("float16", torch.device("cpu")) == "float16"  # a dtype the config names is kept
+    assert resolve_dtype("auto", torch.device("cpu")) in ("bfloat16", "float32")
+    assert load_config(SMOKE, ["dtype=auto"]).dtype == "auto"
+
+
+def test_the_decoder_and_head_called_alone_run_in_the_compute_dtype() -> None:
+    """The trainer calls the decoder stack and the output head itself (logits a chunk at a
+    time): in bfloat16 both compute in bfloat16 as the whole model's forward does."""
+    policy = PolicyModel.load(CALC_SFT, ChatChoice(), Placement(device="cpu", dtype="bfloat16"))
+    model = policy.model
+    seen = []
+    hook = model.base_model.layers[0].mlp.down_proj.register_forward_hook(lambda _, args, out: seen.append(out.dtype))
+    ids = torch.tensor([[1, 2, 3]])
+    hidden = model.base_model(input_ids=ids).last_hidden_state
+    hook.remove()
+    assert seen == [torch.bfloat16] and model.get_output_embeddings()(hidden).dtype == torch.bfloat16
+    assert model(input_ids=ids).logits.dtype == torch.bfloat16

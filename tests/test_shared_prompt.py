@@ -49,23 +49,26 @@ def test_shared_prompts_give_the_full_sequences_log_probs_and_gradients() -> Non
     assert SHARED_PROMPTS.tokens(batch) == FULL_SEQUENCES.tokens(batch) - prompts + prompts // 4
 
 
-def test_logits_start_at_the_first_trained_position_with_the_same_values_and_gradients() -> None:
-    """forward_logprobs skips the logits of a prompt no row trains on (most of an SFT batch's
-    positions with a long system prompt): the trained positions' log-probs, entropies and the
-    gradients are a full forward's, and the skipped positions hold 0."""
+def test_logits_only_at_trained_positions_a_chunk_at_a_time_give_a_full_forwards_values_and_gradients(monkeypatch) -> None:
+    """forward_logprobs runs the output head only where a row trains (not on the prompt, not on
+    tool output), a few positions at a time (here 7: the shipped model's 396-token vocabulary's
+    logits of every trained position would fit one chunk): the trained positions' log-probs, entropies and the
+    gradients are a full forward's, and every other position holds 0."""
     from toolpolicy.algorithms import entropy_from_logits, token_logprobs
-    from toolpolicy.trainer.batch import forward_logprobs, untrained_head
+    from toolpolicy.trainer import batch as batch_module
+    from toolpolicy.trainer.batch import forward_logprobs, logit_chunk
 
     policy = PolicyModel.load(CALC_SFT)
+    monkeypatch.setattr(batch_module, "LOGIT_CHUNK_BYTES", 4 * policy.model.config.vocab_size * 7)
+    assert logit_chunk(policy.model) == 7
     env = CalcEnv()
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(3))
     engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_tokens=192, max_turn_tokens=64))
     batch = collate(engine.run(env.tasks("train", 4, seed=2)), policy.pad_id)
-    skip = untrained_head(batch.loss_mask)
-    assert skip > 0 and skip == int(batch.prompt_lens.min()) - 1  # the shortest prompt's last position predicts its first answer token
+    mask = batch.loss_mask.bool()
+    assert int(mask.sum()) > 3 * 7 and not mask.all(), "several chunks, and untrained positions between them"
     model = policy.model.train()
-    grads = []
-    outputs = []
+    grads, outputs, losses = [], [], []
     for ours in (True, False):
         model.zero_grad()
         if ours:
@@ -73,14 +76,16 @@ def test_logits_start_at_the_first_trained_position_with_the_same_values_and_gra
         else:
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1].float() / 0.7
             logprobs, entropy = token_logprobs(logits, batch.targets), entropy_from_logits(logits.detach())
-        (-(logprobs * batch.loss_mask).sum()).backward()
+        loss = -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum()
+        loss.backward()
+        losses.append(float(loss.detach()))
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         outputs.append((logprobs.detach(), entropy))
     (ours_logp, ours_ent), (full_logp, full_ent) = outputs
-    mask = batch.loss_mask.bool()
+    assert abs(losses[0] - losses[1]) < 1e-6
     assert torch.allclose(ours_logp[mask], full_logp[mask], atol=1e-5) and torch.allclose(ours_ent[mask], full_ent[mask], atol=1e-5)
-    assert torch.equal(ours_logp[:, :skip], torch.zeros_like(ours_logp[:, :skip]))
-    assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-5
+    assert not ours_logp[~mask].any() and not ours_ent[~mask].any()
+    assert float((grads[0] - grads[1]).abs().max()) < 1e-6 * max(1.0, float(grads[1].abs().max()))
 
 
 def _episode(prompt: int, prompt_len: int, response_len: int) -> Trajectory:
@@ -101,3 +106,37 @@ def test_the_update_pads_rows_to_similar_lengths_unless_prompts_cost_more() -> N
     assert update_positions([short[i] for i in chosen], 4) == (5 + 5 + 4 * 4) + (5 + 5 + 4 * 60)
     long_prompts = [_episode(g, 500, 60 if k == 0 else 4) for g in range(2) for k in range(4)]
     assert update_order(given, long_prompts, 4) == given
+
+
+def test_micro_batches_hold_at_most_size_rows_and_max_tokens_positions() -> None:
+    # Rows of 10, 12, 30, 31, 80 and 9 tokens, at most 4 rows and 64 positions (rows x the
+    # piece's longest): [10, 12] = 24, adding 30 makes 3 x 30 = 90 > 64; [30, 31] = 62;
+    # 80 alone (longer than the budget); [9] = 9. Without a token budget: rows 4 by 4.
+    rows = [_episode(0, 5, n - 5) for n in (10, 12, 30, 31, 80, 9)]
+    batch = collate(rows, 0)
+    pieces = micro_batches(batch, 4, 64)
+    assert [rows for rows, _ in pieces] == [slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 6)]
+    assert [tuple(piece.input_ids.shape) for _, piece in pieces] == [(2, 12), (2, 31), (1, 80), (1, 9)]
+    assert [rows for rows, _ in micro_batches(batch, 4)] == [slice(0, 4), slice(4, 6)]
+
+
+def test_sft_loss_in_token_bounded_micro_batches_is_the_same() -> None:
+    """The SFT loss and its gradients do not depend on how the batch is cut: 12 calc episodes
+    in one micro-batch, or in pieces of at most 300 positions."""
+    from toolpolicy.trainer.sft import sft_loss
+
+    policy = PolicyModel.load(CALC_SFT)
+    env = CalcEnv()
+    backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(4))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_tokens=192, max_turn_tokens=64))
+    examples = engine.run(env.tasks("train", 12, seed=3))
+    model = policy.model.train()
+    results = []
+    for tokens in (None, 300):
+        model.zero_grad()
+        loss = sft_loss(model, examples, policy.pad_id, 32, tokens)
+        results.append((loss, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    assert len(micro_batches(collate(examples, policy.pad_id), 32, 300)) > 2
+    (whole, whole_grads), (pieces, piece_grads) = results
+    assert abs(whole - pieces) < 1e-6
+    assert float((whole_grads - piece_grads).abs().max()) < 1e-6

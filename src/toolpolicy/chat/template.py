@@ -42,16 +42,16 @@ COMPACT_PREAMBLE = (
 )
 
 
-def _to_json(value: object) -> str:
+def to_json(value: object) -> str:
     """JSON exactly as transformers' `tojson` Jinja filter writes it (non-ASCII kept)."""
     return json.dumps(value, ensure_ascii=False)
 
 
-def _render_call(call: ToolCall) -> str:
+def render_call(call: ToolCall) -> str:
     # Qwen2.5 pastes the name in raw; we JSON-escape it, which is the same text for
     # every name without quotes, backslashes or control characters, and keeps the
     # block valid JSON for the names that have them.
-    return f'{TOOL_CALL_START}\n{{"name": {_to_json(call.name)}, "arguments": {_to_json(call.arguments)}}}\n{TOOL_CALL_END}'
+    return f'{TOOL_CALL_START}\n{{"name": {to_json(call.name)}, "arguments": {to_json(call.arguments)}}}\n{TOOL_CALL_END}'
 
 
 def _brief(spec: ToolSpec) -> str:
@@ -154,7 +154,7 @@ class HermesTemplate:
         on a new line; with no content, the newline of the generation prompt is the one
         before the first call.
         """
-        lines = ([message.content] if message.content else []) + [_render_call(c) for c in message.tool_calls]
+        lines = ([message.content] if message.content else []) + [render_call(c) for c in message.tool_calls]
         return "\n".join(lines) + IM_END
 
     def render_observation(self, messages: Sequence[Message], after: Message | None = None) -> str:
@@ -170,7 +170,7 @@ class HermesTemplate:
         if system is None:
             system = self.default_system or None
         if tools:
-            listing = "\n".join(_brief(spec) if self.brief_tools else _to_json(spec.to_openai()) for spec in tools)
+            listing = "\n".join(_brief(spec) if self.brief_tools else to_json(spec.to_openai()) for spec in tools)
             preamble = self.tools_preamble.replace(TOOLS_SLOT, listing)
             system = preamble if system is None else f"{system}\n\n{preamble}"
         return "" if system is None else f"{IM_START}system\n{system}{IM_END}\n"

@@ -11,6 +11,12 @@ that episode's copy of the state, the user's replies, and at the end an outcome
 (e.g. whether the database reached the goal state) that reward functions read
 from `Episode.outcome`. Environments without one share `env.tools` across
 episodes (`open_session` wraps them).
+
+A session (or an environment without one) that sets `single_turn = True` ends the episode
+after the model's first assistant turn, whether it called tools or not: its calls are
+gated and counted (`tool_call`, `invalid_call` events) but their observations are never
+shown, because nothing follows. `bfcl` uses it: BFCL's single-turn entries score the calls
+of one answer and have no backends to run them on.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class SharedSession:
 
     def __init__(self, env: Env, task: Task) -> None:
         self.env, self.task, self.tools = env, task, env.tools
+        self.single_turn = bool(getattr(env, "single_turn", False))
 
     def on_answer(self, messages: list[Message]) -> list[Message] | None:
         return self.env.on_answer(self.task, messages)

@@ -19,101 +19,28 @@ accuracy overall and per category, and the mean ToolRL-style reward components.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
+from toolpolicy.envs.bfcl.single_data import BfclFileError, Entry, check_names, shown_name
 from toolpolicy.jsonl import read_objects
-from toolpolicy.rewards.bfcl import Expected, Language, Match, call_reward, match_calls
+from toolpolicy.rewards.bfcl import components, verdict
 from toolpolicy.rollout import GenRequest
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, decode_reply
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.build import episode_limits, hf_backend, load_policy_model
-from toolpolicy.types import Message, ToolCall, ToolSpec
+from toolpolicy.types import Message, ToolCall
 
-# BFCL writes Python type names in its schemas; models are shown JSON Schema.
-_JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "int": "integer", "bool": "boolean", "str": "string"}
-
-
-class BfclFileError(ValueError):
-    """An entry that cannot be scored; the message names the file and line."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One single-turn question, the functions it offers and what counts as right.
-
-    `kind`: "ast" compares the calls with `expected` (none expected: no call is
-    right); "relevance" passes with any call at all. `shown` is the function list
-    as the model sees it, where it differs from the one the answers are checked
-    against (BFCL shows Java and JavaScript parameters as strings).
-    """
-
-    id: str
-    category: str
-    messages: list[Message]
-    functions: list[dict[str, Any]]
-    expected: list[Expected]
-    language: Language = "python"
-    kind: Literal["ast", "relevance"] = "ast"
-    shown: list[dict[str, Any]] | None = None
-
-    def specs(self) -> list[ToolSpec]:
-        """The tools as the model is offered them, with "." in names as "_" (what OpenAI-style names allow)."""
-        return [
-            ToolSpec(shown_name(f["name"]), f.get("description", ""), json_schema(f.get("parameters") or {}))
-            for f in self.shown or self.functions
-        ]
-
-    def called(self, calls: list[ToolCall]) -> list[ToolCall]:
-        """The calls with each shown name turned back into the function's own."""
-        names = {shown_name(f["name"]): f["name"] for f in self.functions}
-        return [ToolCall(names.get(call.name, call.name), call.arguments, call.id) for call in calls]
-
-    def verdict(self, calls: list[ToolCall]) -> Match:
-        """BFCL's verdict on the calls the model made (with the entry's own names)."""
-        if self.kind == "relevance":
-            return Match(bool(calls), () if calls else ("expected a call (relevant request), got none",))
-        return match_calls(calls, self.functions, self.expected, self.language)
-
-    def reward(self, calls: list[ToolCall], malformed: int) -> dict[str, float]:
-        """ToolRL-style components; for relevance, any call earns the call parts."""
-        if self.kind == "relevance":
-            fmt, score = (1.0 if malformed == 0 else 0.0), float(bool(calls))
-            return {"format": fmt, "tool_name": score, "param_names": score, "param_values": score, "total": (fmt + 3 * score) / 4}
-        return call_reward(calls, malformed, self.functions, self.expected, self.language)
-
-
-def shown_name(name: str) -> str:
-    """A function name as the model is shown it: OpenAI-style names allow no ".", BFCL writes "_" for it."""
-    return name.replace(".", "_")
-
-
-def check_names(functions: list[dict[str, Any]], where: str) -> None:
-    """Two functions whose shown names coincide ("a.b" and "a_b") could not be told apart in a call."""
-    shown = [shown_name(f["name"]) for f in functions]
-    clashes = sorted({name for name in shown if shown.count(name) > 1})
-    if clashes:
-        raise BfclFileError(f"{where}: functions shown as {clashes} differ only by '.' and '_'; rename one")
-
-
-def json_schema(schema: Any) -> Any:
-    """A BFCL parameter schema with its Python type names ("dict", "float") as JSON Schema's."""
-    if isinstance(schema, list):
-        return [json_schema(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: json_schema(value) for key, value in schema.items()}
-    if isinstance(out.get("type"), str):
-        if out["type"] == "any":
-            del out["type"]
-        else:
-            out["type"] = _JSON_TYPES.get(out["type"], out["type"])
-    return out
+__all__ = [  # Entry and its helpers are single_data's (the bfcl environment reads them too), named here for callers
+    "BfclFileError", "Entry", "check_names", "first_per_category", "format_bfcl", "load_entries", "score_bfcl", "shown_name",
+    "summarize_bfcl",
+]
 
 
 def load_entries(path: str | Path, answers: str | Path | None = None) -> list[Entry]:
@@ -159,6 +86,17 @@ def _entry(row: dict[str, Any], truth: dict[str, Any], where: str) -> Entry:
     return Entry(row["id"], category, messages, functions, expected)
 
 
+def first_per_category(entries: list[Entry], limit: int | None) -> list[Entry]:
+    """The first `limit` entries of each category, in their order (every entry for None)."""
+    taken: dict[str, int] = {}
+    out = []
+    for entry in entries:
+        if limit is None or taken.get(entry.category, 0) < limit:
+            taken[entry.category] = taken.get(entry.category, 0) + 1
+            out.append(entry)
+    return out
+
+
 def score_bfcl(
     cfg: Config,
     checkpoint: Path | None,
@@ -175,8 +113,8 @@ def score_bfcl(
     results = []
     for entry, (shown_calls, malformed, text) in zip(entries, turns):
         calls = entry.called(shown_calls)
-        match = entry.verdict(calls)
-        reward = entry.reward(calls, malformed)
+        match = verdict(calls, **entry.scoring())
+        reward = components(calls, malformed, **entry.scoring())
         results.append(
             {
                 "id": entry.id,
@@ -231,7 +169,7 @@ def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCa
     client = ChatClient(endpoint)
     out = []
     try:
-        for entry in entries:
+        for entry in tqdm(entries, desc="bfcl", unit="entry"):
             wire = [{"role": m.role, "content": m.content} for m in entry.messages]
             reply = client.complete(wire, [spec.to_openai() for spec in entry.specs()])
             parsed, _ = decode_reply(reply.message, 0, episode_limits(cfg).max_call_chars)
@@ -246,14 +184,27 @@ def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> 
         raise ConfigError("no model to score: set eval_checkpoint or endpoint_url")
     policy = load_policy_model(cfg, checkpoint)
     template = policy.chat
-    backend = hf_backend(policy, torch.Generator().manual_seed(cfg.eval_seed), cfg.eval_temperature)
+    backend = hf_backend(cfg, policy, torch.Generator().manual_seed(cfg.eval_seed), cfg.eval_temperature)
     requests = [
-        GenRequest(i, policy.encode(template.render_prompt(entry.messages, entry.specs())), cfg.max_turn_tokens)
+        GenRequest(
+            i, policy.encode(template.render_prompt(entry.messages, entry.specs())), cfg.max_turn_tokens,
+            entry_seed(cfg.eval_seed, entry.id),
+        )
         for i, entry in enumerate(entries)
     ]
     out = []
-    for generation in backend.generate(requests):
-        text = policy.decode(generation.ids)
-        parsed = template.parse(text, episode_limits(cfg).max_call_chars)
-        out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
+    with tqdm(total=len(requests), desc="bfcl", unit="entry") as bar:
+        for batch in backend.batches(requests):  # as many as fit the sampler's memory at once
+            for generation in backend.generate([requests[i] for i in batch]):
+                text = policy.decode(generation.ids)
+                parsed = template.parse(text, episode_limits(cfg).max_call_chars)
+                out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
+            backend.forget()  # one turn each: nothing is continued
+            bar.update(len(batch))
     return out
+
+
+def entry_seed(seed: int, entry_id: str) -> int:
+    """The seed of an entry's own sampling stream: its answer depends on the eval seed and the
+    entry alone, not on which entries (categories, --limit) or batches it runs with."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{entry_id}".encode()).digest()[:8], "little") % 2**63

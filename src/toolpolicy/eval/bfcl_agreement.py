@@ -30,6 +30,7 @@ from typing import Any
 
 from toolpolicy.eval.bfcl import Entry
 from toolpolicy.eval.bfcl_v4 import AST_CATEGORIES, load_v4
+from toolpolicy.rewards.bfcl import verdict
 from toolpolicy.rewards.bfcl_literals import java_literal, js_literal
 from toolpolicy.types import ToolCall
 
@@ -79,7 +80,7 @@ class _NoUnderscoreToDot(dict):
 
 
 def ours(entry: Entry, calls: list[ToolCall]) -> Verdict:
-    return _verdict(lambda: entry.verdict(calls).ok)
+    return _verdict(lambda: verdict(calls, **entry.scoring()).ok)
 
 
 def _verdict(check: Callable[[], bool]) -> Verdict:

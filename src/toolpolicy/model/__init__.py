@@ -15,6 +15,7 @@ from transformers.utils.chat_template_utils import encode_marked_chat
 from toolpolicy.chat import ChatFormatError, ChatTemplate, HermesTemplate, JinjaTemplate
 from toolpolicy.model.adapters import adapter_base, is_adapter, load_adapter, merged
 from toolpolicy.model.files import check_checkpoint, diagnose_tokenizer
+from toolpolicy.model.gguf import local_checkpoint
 from toolpolicy.model.placement import Placement, place
 
 
@@ -28,12 +29,15 @@ class ChatChoice:
     """A Jinja template used instead of the checkpoint's own."""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Extra template variables (e.g. enable_thinking)."""
+    tools: str = "template"
+    """Where tools are shown: template (its own tools section) or system (a Hermes block; see chat/tools_block.py)."""
 
 
 def load_policy(path: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """Model and tokenizer from a local checkpoint folder, in float32 on the CPU. A missing
-    or damaged file is a CheckpointError naming it (see `files.check_checkpoint`)."""
-    folder = Path(path)
+    """Model and tokenizer from a local checkpoint folder (or a GGUF file, see `gguf.py`), in
+    float32 on the CPU. A missing or damaged file is a CheckpointError naming it (see
+    `files.check_checkpoint`)."""
+    folder = local_checkpoint(path)
     check_checkpoint(folder, parse_tokenizer=False)
     tokenizer = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -69,11 +73,11 @@ def chat_template(tokenizer: PreTrainedTokenizerBase, choice: ChatChoice) -> Cha
     """The checkpoint's chat format: the embedded model's ChatML in Python when its
     template is one of ours, else its Jinja template (or `choice.template_file`)."""
     source = Path(choice.template_file).read_text() if choice.template_file else None
-    if source is None and choice.syntax in ("auto", "hermes") and not choice.kwargs:
+    if source is None and choice.syntax in ("auto", "hermes") and not choice.kwargs and choice.tools == "template":
         for template in (HermesTemplate.compact(), HermesTemplate()):
             if tokenizer.chat_template == template.jinja_template():
                 return template
-    return JinjaTemplate.of(tokenizer, choice.syntax, source, choice.kwargs)
+    return JinjaTemplate.of(tokenizer, choice.syntax, source, choice.kwargs, choice.tools)
 
 
 def stop_ids(tokenizer: PreTrainedTokenizerBase, template: ChatTemplate, generation: GenerationConfig | None) -> list[int]:
@@ -128,8 +132,9 @@ class PolicyModel:
     @staticmethod
     def load(path: str | Path, choice: ChatChoice = ChatChoice(), placement: Placement = Placement()) -> PolicyModel:
         """The checkpoint at `path` (see `load_policy`; a LoRA adapter folder loads on its
-        base) with its codec and chat format, on the device and in the precision of `placement`."""
-        folder = Path(path)
+        base; a GGUF file as its plain folder) with its codec and chat format, on the device and
+        in the precision of `placement`."""
+        folder = local_checkpoint(path)
         base = adapter_base(folder) if is_adapter(folder) else folder
         model, tokenizer = load_policy(base)
         model = place(model, placement)

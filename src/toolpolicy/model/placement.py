@@ -4,19 +4,25 @@ One code path for every device. The model is moved to the device once; its forwa
 wrapped in autocast once (bfloat16 or float16 compute, float32 master weights), so the
 sampler and the trainer run the same kernels in the same precision and no loop ever
 asks which device it is on. Batches follow the model's device where they are built.
+`dtype: auto` is bfloat16 where the hardware computes in it (`auto_dtype`), else float32.
 """
 
 from __future__ import annotations
 
 import resource
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+"""/proc/cpuinfo flags of x86 CPUs with bfloat16 arithmetic (AVX512-BF16, AMX); without them
+a CPU emulates bfloat16 matrix products, many times slower than float32."""
 
 
 @dataclass(frozen=True)
@@ -25,8 +31,8 @@ class Placement:
 
     device: str = "auto"
     """auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."""
-    dtype: Dtype = "float32"
-    """Compute precision of every forward pass; trainable weights stay float32."""
+    dtype: Dtype | Literal["auto"] = "float32"
+    """Compute precision of every forward pass; trainable weights stay float32. auto: see `auto_dtype`."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
 
@@ -51,13 +57,57 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def auto_dtype(device_type: str, cpu_flags: Collection[str], cuda_bf16: bool = False) -> Dtype:
+    """The compute dtype `auto` means: bfloat16 on a CPU with bfloat16 instructions (one of
+    BF16_CPU_FLAGS) or a CUDA GPU that supports it (`cuda_bf16`), else float32 (MPS included)."""
+    if device_type == "cpu":
+        return "bfloat16" if any(flag in cpu_flags for flag in BF16_CPU_FLAGS) else "float32"
+    if device_type == "cuda":
+        return "bfloat16" if cuda_bf16 else "float32"
+    return "float32"
+
+
+def cpu_model_and_flags(cpuinfo: str) -> tuple[str, frozenset[str]]:
+    """The first processor's model name and flags in the text of /proc/cpuinfo ("", {} when absent)."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields.get("model name", ""), frozenset(fields.get("flags", "").split())
+
+
+def this_cpu() -> tuple[str, frozenset[str]]:
+    """This machine's CPU model and flags (Linux); elsewhere the platform's processor name and no flags."""
+    try:
+        return cpu_model_and_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        import platform
+
+        return platform.processor(), frozenset()
+
+
+def resolve_dtype(name: str, device: torch.device) -> Dtype:
+    """The config's dtype with `auto` decided for `device` on this machine."""
+    if name != "auto":
+        return name  # type: ignore[return-value]
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return auto_dtype(device.type, this_cpu()[1] if device.type == "cpu" else (), cuda_bf16)
+
+
 def place(model: torch.nn.Module, placement: Placement) -> torch.nn.Module:
     """Move `model` to its device and run its forward in the compute dtype (autocast)."""
     device = resolve_device(placement.device)
     model.to(device)
-    dtype = DTYPES[placement.dtype]
+    dtype = DTYPES[resolve_dtype(placement.dtype, device)]
     if dtype != torch.float32:
-        model.forward = torch.autocast(device_type=device.type, dtype=dtype)(model.forward)
+        # The trainer calls the decoder and the output head directly (logits a chunk at a time):
+        # they run in the same precision as the whole model's forward.
+        for part in entry_points(model):
+            part.forward = torch.autocast(device_type=device.type, dtype=dtype)(part.forward)
     if placement.gradient_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it
             model.activation_checkpointing_enable({"use_reentrant": False})
@@ -65,6 +115,15 @@ def place(model: torch.nn.Module, placement: Placement) -> torch.nn.Module:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     return model
+
+
+def entry_points(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose forward is called from outside: the model, its decoder stack
+    (`base_model`) and its output head, each once."""
+    parts = [model, getattr(model, "base_model", model)]
+    if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
+        parts.append(model.get_output_embeddings())
+    return list({id(part): part for part in parts}.values())
 
 
 def device_of(model: torch.nn.Module) -> torch.device:

@@ -36,6 +36,11 @@ source literal, read by `toolpolicy.rewards.bfcl_literals` the way BFCL reads it
 `call_reward` turns the same comparison into fine-grained reward components in
 the style of ToolRL (Qian et al., 2025): format, tool names, parameter names and
 parameter values, each in [0, 1], so a partly right call earns partial credit.
+
+`verdict` and `components` are the two for one BFCL entry (relevance entries pass with
+any call), taking the entry's `scoring()` as keywords; `bfcl_correct` and the
+`bfcl_*` components after it are the same as reward functions of an Episode of the
+`bfcl` environment, which carries the entry's scoring inputs in `task.info["bfcl"]`.
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolpolicy.rewards.bfcl_literals import JAVA_TYPES, JS_TYPES, UnreadableType, read_java, read_js
-from toolpolicy.types import ToolCall
+from toolpolicy.types import Episode, ToolCall
 
 Expected = dict[str, dict[str, list[Any]]]
 """One expected call: {function name: {parameter: [acceptable values]}}."""
 Language = Literal["python", "java", "javascript"]
+Kind = Literal["ast", "relevance"]
+"""How an entry is checked: "ast" against its expected calls, "relevance" passes with any call."""
 
 _PUNCTUATION = re.compile(r"[ ,./\-_*^]")
 PYTHON_TYPES: dict[str, type] = {
@@ -259,3 +266,80 @@ def _param_scores(
     given = [p for p in call.arguments if p in acceptable and p in properties]
     right = sum(not value_problems(p, call.arguments[p], properties[p], acceptable[p], language) for p in given)
     return names, right / max(1, len(needed))
+
+
+def verdict(
+    calls: Sequence[ToolCall], functions: Sequence[dict[str, Any]], expected: Sequence[Expected],
+    language: Language = "python", kind: Kind = "ast",
+) -> Match:
+    """BFCL's verdict on one entry's calls (with the functions' own names): a relevance entry
+    passes with any call, any other as `match_calls` says (no expected call: irrelevance)."""
+    if kind == "relevance":
+        return Match(bool(calls), () if calls else ("expected a call (relevant request), got none",))
+    return match_calls(calls, functions, expected, language)
+
+
+def components(
+    calls: Sequence[ToolCall], malformed: int, functions: Sequence[dict[str, Any]], expected: Sequence[Expected],
+    language: Language = "python", kind: Kind = "ast",
+) -> dict[str, float]:
+    """`call_reward`'s components for one entry; for relevance, any call earns the call parts."""
+    if kind == "relevance":
+        fmt, score = (1.0 if malformed == 0 else 0.0), float(bool(calls))
+        return {"format": fmt, "tool_name": score, "param_names": score, "param_values": score, "total": (fmt + 3 * score) / 4}
+    return call_reward(calls, malformed, functions, expected, language)
+
+
+# ---- reward functions of the `bfcl` environment: one assistant turn, its calls scored ------
+
+
+def answered_calls(episode: Episode) -> tuple[list[ToolCall], dict[str, Any]] | None:
+    """The calls of the episode's assistant turn, each with its function's own name, and the
+    entry's scoring inputs (`task.info["bfcl"]`: `Entry.scoring()` and the shown names that
+    differ, "names"). None for a turn cut by a budget (its calls were never parsed), broken
+    by infrastructure, or of a task with no BFCL entry (another environment's, as goal_state
+    reads an outcome it lacks): every component then scores 0."""
+    if episode.truncated or episode.infra_error is not None or "bfcl" not in episode.task.info:
+        return None
+    scoring = dict(episode.task.info["bfcl"])
+    names = scoring.pop("names", {})
+    turn = next((m for m in episode.messages if m.role == "assistant"), None)
+    calls = [ToolCall(names.get(c.name, c.name), c.arguments, c.id) for c in (turn.tool_calls if turn else ())]
+    return calls, scoring
+
+
+def _component(episode: Episode, name: str) -> float:
+    answered = answered_calls(episode)
+    if answered is None:
+        return 0.0
+    calls, scoring = answered
+    return components(calls, episode.count("invalid_call"), **scoring)[name]
+
+
+def bfcl_correct(episode: Episode) -> float:
+    """1.0 when BFCL's checker accepts the turn's calls (`verdict`: the official ast_checker's
+    verdict; irrelevance entries pass with no call, relevance entries with any), else 0.0.
+    Undecodable call text is not a call, as in BFCL's own decoding; `bfcl_format` counts it."""
+    answered = answered_calls(episode)
+    return 0.0 if answered is None else float(verdict(answered[0], **answered[1]).ok)
+
+
+def bfcl_tool_name(episode: Episode) -> float:
+    """ToolRL's tool-name credit: the Jaccard overlap of called and expected function names."""
+    return _component(episode, "tool_name")
+
+
+def bfcl_param_names(episode: Episode) -> float:
+    """ToolRL's parameter-name credit: per expected call, the Jaccard overlap of parameter names."""
+    return _component(episode, "param_names")
+
+
+def bfcl_param_values(episode: Episode) -> float:
+    """ToolRL's parameter-value credit: per expected call, the share of needed values that are acceptable."""
+    return _component(episode, "param_values")
+
+
+def bfcl_format(episode: Episode) -> float:
+    """1.0 when no call of the turn was malformed (undecodable, an unknown function, arguments
+    that break the schema: `invalid_call` events), else 0.0."""
+    return _component(episode, "format")

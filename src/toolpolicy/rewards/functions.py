@@ -12,6 +12,7 @@ import re
 from typing import Callable
 
 from toolpolicy.rewards import tool_efficiency
+from toolpolicy.rewards.bfcl import bfcl_correct, bfcl_format, bfcl_param_names, bfcl_param_values, bfcl_tool_name
 from toolpolicy.types import Episode
 
 RewardFunction = Callable[[Episode], float]
@@ -267,4 +268,9 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "task_success": task_success,
     "wrong_state_writes": wrong_state_writes,
     "attack_success": attack_success,
+    "bfcl_correct": bfcl_correct,
+    "bfcl_tool_name": bfcl_tool_name,
+    "bfcl_param_names": bfcl_param_names,
+    "bfcl_param_values": bfcl_param_values,
+    "bfcl_format": bfcl_format,
 }

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import DynamicCache
 
-from toolpolicy.rollout.kv_cache import Forward, RowCache, cache_argument
+from toolpolicy.rollout.kv_cache import Forward, RowCache, cache_argument, position_bytes
 from toolpolicy.types import Message
 
 
@@ -78,6 +78,13 @@ class HFBackend:
     token positions run through the model: prefill (prompts and appended tokens) and
     decode (one per row of the decode batch per sampling step; a stopped row stays in
     that batch, and is counted, until a quarter of the batch has stopped).
+
+    Its KV cache is bounded by `cache_bytes`, half for the batch being decoded, half for the
+    rows kept for their next turn: requests run in batches of at most `max_batch` rows whose
+    cache (each row as long as the batch's longest gets this turn) fits in the first half, and
+    rows that do not fit in the second are dropped after their turn and prefilled from their
+    full ids if their episode goes on (more computation, the same tokens). A request alone
+    always runs, whatever its length.
     """
 
     def __init__(
@@ -88,6 +95,7 @@ class HFBackend:
         generator: torch.Generator,
         temperature: float = 1.0,
         max_batch: int = 128,
+        cache_bytes: int = 2**29,
     ) -> None:
         self.model = model
         self.stop_ids = torch.tensor(stop_ids)
@@ -96,9 +104,11 @@ class HFBackend:
         self.generator = generator
         self.temperature = temperature
         self.max_batch = max_batch
+        self.cache_bytes = cache_bytes
+        self.position_bytes = position_bytes(model)
         self.counts: Counter[str] = Counter()
         self._forward = _forward_of(model)
-        self._rows: list[RowCache] = []
+        self._rows: list[RowCache | None] = []  # None: released mid-turn
         self._streams: dict[int, torch.Generator] = {}
 
     def forget(self) -> None:
@@ -135,25 +145,50 @@ class HFBackend:
         picks: dict[int, tuple[int, int]] = {}  # request -> the (piece, row) of the cache it continues
         for i, request in enumerate(requests):
             for piece, rows in enumerate(self._rows):
-                row = rows.extends(request.key, request.ids)
+                row = rows.extends(request.key, request.ids) if rows is not None else None
                 if row is not None:
                     picks[i] = (piece, row)
                     break
         device = next(self.model.parameters()).device
         out: dict[int, Generation] = {}
         pieces: list[RowCache] = []
-        continuing = list(picks)
-        for chunk in _chunks(continuing, self.max_batch):
-            cached = [self._rows[piece].ids[row] for piece, row in (picks[i] for i in chunk)]
-            rows = RowCache.gather(self._rows, [picks[i] for i in chunk], [requests[i].key for i in chunk], cached)
-            rows.append([requests[i].ids[len(ids) :] for i, ids in zip(chunk, cached)], self._forward, self.pad_id, self.counts)
-            out.update(zip(chunk, self._decode(rows, [requests[i] for i in chunk], pieces)))
-        for chunk in _chunks([i for i in range(len(requests)) if i not in picks], self.max_batch):
-            keys, prompts = [requests[i].key for i in chunk], [requests[i].ids for i in chunk]
-            rows = RowCache.prefill(keys, prompts, self._forward, self.pad_id, device, self.counts)
-            out.update(zip(chunk, self._decode(rows, [requests[i] for i in chunk], pieces)))
+        batches = self.batches(requests, list(picks))
+        last_use = {picks[i][0]: k for k, batch in enumerate(batches) for i in batch}  # piece -> the last batch reading it
+        self._rows = [rows if piece in last_use else None for piece, rows in enumerate(self._rows)]
+        for k, batch in enumerate(batches):
+            cached = [self._rows[piece].ids[row] for piece, row in (picks[i] for i in batch)]
+            added = [requests[i].ids[len(ids) :] for i, ids in zip(batch, cached)]
+            room = max(map(len, added)) + max(requests[i].max_new_tokens for i in batch)
+            rows = RowCache.gather(self._rows, [picks[i] for i in batch], [requests[i].key for i in batch], cached, room)
+            self._rows = [None if last_use.get(piece) == k else kept for piece, kept in enumerate(self._rows)]  # all gathered
+            rows.append(added, self._forward, self.pad_id, self.counts)
+            out.update(zip(batch, self._decode(rows, [requests[i] for i in batch], pieces)))
+        for batch in self.batches(requests, [i for i in range(len(requests)) if i not in picks]):
+            keys, prompts = [requests[i].key for i in batch], [requests[i].ids for i in batch]
+            room = max(requests[i].max_new_tokens for i in batch)
+            rows = RowCache.prefill(keys, prompts, self._forward, self.pad_id, device, self.counts, room)
+            out.update(zip(batch, self._decode(rows, [requests[i] for i in batch], pieces)))
         self._rows = pieces
         return [out[i] for i in range(len(requests))]
+
+    def batches(self, requests: list[GenRequest], items: list[int] | None = None) -> list[list[int]]:
+        """The indices of `requests` (or those in `items`), in order, cut into the batches this
+        sampler runs: at most `max_batch` rows whose cache, every row as long as the longest
+        one gets this turn (its ids and new tokens), fits in half of `cache_bytes`; a request
+        too long for it runs alone."""
+        batches: list[list[int]] = []
+        widest = 0
+        for i in range(len(requests)) if items is None else items:
+            positions = len(requests[i].ids) + requests[i].max_new_tokens
+            wider = max(widest, positions)
+            fits = bool(batches) and len(batches[-1]) < self.max_batch
+            if fits and (len(batches[-1]) + 1) * wider * self.position_bytes <= self.cache_bytes // 2:
+                batches[-1].append(i)
+                widest = wider
+            else:
+                batches.append([i])
+                widest = positions
+        return batches
 
     def _sample(self, logits: torch.Tensor, streams: list[torch.Generator] | None, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row and its log-probability under the sampling distribution.
@@ -177,7 +212,8 @@ class HFBackend:
     def _decode(self, rows: RowCache, requests: list[GenRequest], pieces: list[RowCache]) -> list[Generation]:
         """Sample every row until it stops or spends its budget. Rows that are done leave the
         decode batch (once they are a quarter of it), parked with their cache; every piece,
-        settled with the tokens its rows kept, is added to `pieces` for the next turn.
+        settled with the tokens its rows kept, is added to `pieces` for the next turn while
+        `pieces` stays within half of `cache_bytes`.
 
         Every step samples for every row, done or not, in request order (the done ones from
         their last logits, the draw then discarded), so the generator's draws, and with them
@@ -205,8 +241,8 @@ class HFBackend:
             leaving = [k for k, i in enumerate(live) if done[i]]
             if 4 * len(leaving) >= len(live):
                 staying = [k for k, i in enumerate(live) if not done[i]]
-                parked.append((rows.take(leaving), [live[k] for k in leaving]))
-                rows, live = rows.take(staying), [live[k] for k in staying]
+                parked.append((rows.take(leaving, 0), [live[k] for k in leaving]))
+                rows, live = rows.take(staying, int(budget.max()) - 1 - step), [live[k] for k in staying]
             index = torch.tensor(live, device=device)
             logits[index] = rows.feed(token[index], self._forward, self.counts)
         results = [Generation([], [], False) for _ in requests]
@@ -221,12 +257,9 @@ class HFBackend:
                 results[row] = Generation(ids[:n], sampled_logp[row][:n], bool(finished[row]))
         for piece, members in parked + [(rows, live)]:
             piece.settle([len(results[i].ids) for i in members])
-            pieces.append(piece)
+            if sum(kept.nbytes() for kept in pieces) + piece.nbytes() <= self.cache_bytes // 2:
+                pieces.append(piece)  # else dropped: its rows start over from their ids next turn
         return results
-
-
-def _chunks(items: list[int], size: int) -> list[list[int]]:
-    return [items[start : start + size] for start in range(0, len(items), size)]
 
 
 def _forward_of(model: torch.nn.Module) -> Forward:

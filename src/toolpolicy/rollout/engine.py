@@ -121,11 +121,14 @@ def record_turn(
 ) -> list[Message] | None:
     """Add an acted-on assistant turn (what `act` returns) to the episode; return the
     messages that follow it (tool observations, or the user's reply to an answer), or
-    None when the episode ends there."""
+    None when the episode ends there. A session of one turn (`single_turn`) ends after it,
+    calls or not: they went through the gate, and their events count, but nothing follows."""
     episode.messages.append(assistant)
     episode.events.extend(events)
     if infra_error is not None:
         episode.infra_error = infra_error
+        return None
+    if getattr(session, "single_turn", False):
         return None
     return observations or session.on_answer(episode.messages) or None
 

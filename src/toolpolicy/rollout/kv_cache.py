@@ -3,9 +3,10 @@
 One row per episode in a rectangular cache. Each turn the rows of the episodes that go on
 are gathered into a fresh cache holding only their real tokens (right-aligned, padding on
 the left), the ids appended since the last turn are run in one left-padded block, and
-decoding writes into spare room of preallocated buffers instead of concatenating at every
-step. Padding and the tokens a row sampled after its stop are masked out of attention and
-skipped by the position ids, so every real token attends to exactly its own history.
+decoding writes into spare room of preallocated buffers (sized for the turn's tokens)
+instead of concatenating at every step. Padding and the tokens a row sampled after its stop
+are masked out of attention and skipped by the position ids, so every real token attends to
+exactly its own history.
 """
 
 from __future__ import annotations
@@ -29,19 +30,26 @@ def cache_argument(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(core.forward).parameters else "past_key_values"
 
 
-HEADROOM = 128
-"""Spare columns a gathered cache starts with; full buffers double."""
+def position_bytes(model: torch.nn.Module) -> int:
+    """Bytes of KV cache one token position of one row takes in `model`: keys and values of
+    every layer, at float32 size (a bfloat16 cache takes half)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * 4
 
 
 class GrowingLayer(DynamicLayer):
-    """A cache layer whose keys and values are views of larger buffers: an update writes
-    the new columns in place (amortised O(1) per token) instead of `torch.cat`."""
+    """A cache layer whose keys and values are views of larger buffers, with `room` spare
+    columns: an update writes the new columns in place instead of `torch.cat` (past the
+    room, the buffers double: amortised O(1) per token)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
         super().__init__()
         columns = keys.shape[-2]
-        self._keys = keys.new_empty(*keys.shape[:-2], columns + HEADROOM, keys.shape[-1])
-        self._values = values.new_empty(*values.shape[:-2], columns + HEADROOM, values.shape[-1])
+        self._keys = keys.new_empty(*keys.shape[:-2], columns + room, keys.shape[-1])
+        self._values = values.new_empty(*values.shape[:-2], columns + room, values.shape[-1])
         self._keys[..., :columns, :] = keys
         self._values[..., :columns, :] = values
         self.length = columns
@@ -120,25 +128,30 @@ class RowCache:
 
     @classmethod
     def prefill(
-        cls, keys: list[int], prompts: list[list[int]], forward: Forward, pad_id: int, device: torch.device, counts: Counter[str]
+        cls, keys: list[int], prompts: list[list[int]], forward: Forward, pad_id: int, device: torch.device, counts: Counter[str],
+        room: int,
     ) -> RowCache:
-        """Run each distinct prompt once (left-padded), then give every row its prompt's cache."""
+        """Run each distinct prompt once (left-padded), then give every row its prompt's cache,
+        with `room` columns to grow into."""
         distinct: dict[tuple[int, ...], int] = {}
         source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         ids, attention, positions = left_padded([list(p) for p in distinct], pad_id, device)  # [U, W] each
         counts["prefill"] += int(attention.sum())
         logits, cache = forward(ids, attention, positions, None)
         shared = cls(cache, attention, attention.sum(-1), list(range(len(distinct))), [list(p) for p in distinct], logits)
-        return cls.gather([shared], [(0, row) for row in source], keys, [list(p) for p in prompts])
+        return cls.gather([shared], [(0, row) for row in source], keys, [list(p) for p in prompts], room)
 
     @classmethod
-    def gather(cls, pieces: list[RowCache], picks: list[tuple[int, int]], keys: list[int], ids: list[list[int]]) -> RowCache:
+    def gather(
+        cls, pieces: list[RowCache | None], picks: list[tuple[int, int]], keys: list[int], ids: list[list[int]], room: int
+    ) -> RowCache:
         """A cache whose row i is a copy of row picks[i] = (piece, row) of `pieces`, holding only
-        its real columns (right-aligned), in buffers with room to grow; row i is episode keys[i]
-        with cached ids ids[i]. Pieces that decoding split apart are joined again here."""
-        device = pieces[0].attention.device
+        its real columns (right-aligned), in buffers with `room` columns to grow into; row i is
+        episode keys[i] with cached ids ids[i]. Pieces that decoding split apart are joined
+        again here (pieces no pick names may be None: already released)."""
+        device = pieces[picks[0][0]].attention.device
         width = max(int(pieces[p].attention[r].sum()) for p, r in picks)
-        layers = [[[], []] for _ in pieces[0].cache.layers]
+        layers = [[[], []] for _ in pieces[picks[0][0]].cache.layers]
         order: list[int] = []  # output row of each gathered row, piece by piece
         for index, piece in enumerate(pieces):
             mine = [(out, row) for out, (p, row) in enumerate(picks) if p == index]
@@ -152,21 +165,30 @@ class RowCache:
             order += [out for out, _ in mine]
         back = torch.tensor(order, device=device).argsort()  # gathered order -> output order
         cache = DynamicCache()
-        cache.layers = [GrowingLayer(torch.cat(k)[back], torch.cat(v)[back]) for k, v in layers]
+        cache.layers = [GrowingLayer(torch.cat(k)[back], torch.cat(v)[back], room) for k, v in layers]
         real = torch.tensor([int(pieces[p].attention[r].sum()) for p, r in picks], device=device)  # [B]
         attention = (torch.arange(width, device=device)[None, :] >= (width - real)[:, None]).long()  # [B, W]
         next_pos = torch.stack([pieces[p].next_pos[r] for p, r in picks])
         logits = torch.stack([pieces[p].logits[r] for p, r in picks])
         return cls(cache, attention, next_pos, keys, ids, logits)
 
-    def take(self, rows: list[int]) -> RowCache:
-        """The cache of these rows alone (columns as they are), mid-turn included."""
+    def take(self, rows: list[int], room: int) -> RowCache:
+        """The cache of these rows alone (columns as they are), mid-turn included, with `room`
+        columns to grow into."""
         index = torch.tensor(rows, device=self.attention.device)
         cache = DynamicCache()
-        cache.layers = [GrowingLayer(layer.keys[index], layer.values[index]) for layer in self.cache.layers]
+        cache.layers = [GrowingLayer(layer.keys[index], layer.values[index], room) for layer in self.cache.layers]
         return RowCache(
             cache, self.attention[index], self.next_pos[index], [self.keys[r] for r in rows], [self.ids[r] for r in rows],
             self.logits[index], [token[index] for token in self.fed],
+        )
+
+    def nbytes(self) -> int:
+        """Bytes the cache's buffers hold (spare room included)."""
+        return sum(
+            buffer.numel() * buffer.element_size()
+            for layer in self.cache.layers
+            for buffer in ((layer._keys, layer._values) if isinstance(layer, GrowingLayer) else (layer.keys, layer.values))
         )
 
     def extends(self, key: int, ids: list[int]) -> int | None:

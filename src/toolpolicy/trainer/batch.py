@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from toolpolicy.algorithms import entropy_from_logits, token_logprobs
+from toolpolicy.algorithms import chunked_token_logprobs
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.kv_cache import cache_argument, left_padded
 
@@ -53,13 +52,25 @@ def collate(trajectories: list[Trajectory], pad_id: int) -> TokenBatch:
     return TokenBatch(input_ids, attention, input_ids[:, 1:], mask[:, 1:], logprobs[:, 1:], prompt_lens)
 
 
-def micro_batches(batch: TokenBatch, size: int) -> list[tuple[slice, TokenBatch]]:
-    """Split along the batch dimension, trimming each piece's padding; each piece comes
-    with the slice of the batch it covers (to pick its advantages)."""
+def micro_batches(batch: TokenBatch, size: int, max_tokens: int | None = None) -> list[tuple[slice, TokenBatch]]:
+    """Split along the batch dimension into pieces of at most `size` rows and at most
+    `max_tokens` positions (rows x the piece's longest row; a row longer than that alone),
+    trimming each piece's padding; each piece comes with the slice of the batch it covers
+    (to pick its advantages)."""
+    lengths = batch.attention.sum(-1).tolist()  # [B]
+    bounds = [0]
+    widest = 0
+    for row, length in enumerate(lengths):
+        wider = max(widest, length)
+        rows = row - bounds[-1]
+        if rows and (rows == size or (max_tokens is not None and (rows + 1) * wider > max_tokens)):
+            bounds.append(row)
+            wider = length
+        widest = wider
     pieces = []
-    for start in range(0, batch.input_ids.shape[0], size):
-        rows = slice(start, start + size)
-        width = int(batch.attention[rows].sum(-1).max())
+    for start, end in zip(bounds, bounds[1:] + [len(lengths)]):
+        rows = slice(start, end)
+        width = int(max(lengths[rows]))
         pieces.append((rows, TokenBatch(
             input_ids=batch.input_ids[rows, :width],
             attention=batch.attention[rows, :width],
@@ -103,37 +114,66 @@ def distinct_prompt_tokens(batch: TokenBatch) -> int:
     return sum(map(len, prompts))
 
 
+LOGIT_CHUNK_BYTES = 2**25
+"""Logits the trainer holds at once, at most (float32 [positions, V]; the backward pass holds a
+few such tensors): 32 MiB is 170 positions of a 49,152-token vocabulary, 8,192 of the embedded
+model's 1,024."""
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier")
+"""Config fields of models whose logits are not the head's output alone (Gemma 2's soft-capping,
+Cohere's and Granite's scaling, Falcon-H1's multiplier): their log-probs come from their own forward."""
+
+
 def forward_logprobs(
     model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the targets under `model` (at the sampling temperature), and
     optionally the per-token entropy (detached). Shapes [B, L-1], on the model's device.
 
-    The logits (B x positions x vocabulary: the largest tensor of the update for a real
-    vocabulary) are computed from the first position any row trains on (the model's own
-    `logits_to_keep`, so its own head and any logit scaling apply); the positions before it,
-    a prompt no row trains on, hold 0 in both outputs."""
+    Only trained positions (loss_mask 1) get logits: the decoder runs once over the batch and
+    its final hidden states at those positions go through the output head a chunk at a time
+    (`chunked_token_logprobs`), so [B, L, V] never exists; every other position holds 0 in
+    both outputs. Models with a logit transform after the head (LOGIT_TRANSFORMS) get their
+    logits at the trained positions from their own forward instead."""
     batch = batch.to(next(model.parameters()).device)  # no copy when the caller moved it already
-    skip = untrained_head(batch.loss_mask) if keeps_logits(model) else 0
-    tail = {"logits_to_keep": batch.input_ids.shape[1] - skip} if skip else {}
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention, **tail).logits[:, :-1].float()  # [B, L-1-skip, V]
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logprobs = torch.nn.functional.pad(token_logprobs(logits, batch.targets[:, skip:]), (skip, 0))  # [B, L-1]
-    entropy = torch.nn.functional.pad(entropy_from_logits(logits.detach()), (skip, 0)) if with_entropy else None  # [B, L-1]
-    return logprobs, entropy
+    trained = batch.loss_mask.bool()  # [B, L-1]
+    parts = decoder_and_head(model)
+    if parts is None:
+        keep = torch.nn.functional.pad(trained, (0, 1))  # [B, L]: the logits at t predict token t+1
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention, logits_to_keep=keep).logits  # [N, V]
+        states, head = logits, torch.nn.Identity()
+    else:
+        decoder, head = parts
+        states = decoder(input_ids=batch.input_ids, attention_mask=batch.attention).last_hidden_state[:, :-1][trained]  # [N, H]
+    values = chunked_token_logprobs(states, head, batch.targets[trained], logit_chunk(model), temperature, with_entropy)
+    return _placed(values, trained)
 
 
-def untrained_head(loss_mask: torch.Tensor) -> int:
-    """How many leading target positions no row of the batch trains on (all of them when none does)."""
-    trained = loss_mask.bool().any(0)  # [L-1]
-    return int(trained.int().argmax()) if bool(trained.any()) else trained.shape[0]
+def _placed(values: tuple[torch.Tensor, torch.Tensor | None], trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-position values [N] (and [N]) of the trained positions, put back in their [B, L-1] layout (0 elsewhere)."""
+    logprobs, entropy = values
+    full = torch.zeros(trained.shape, device=trained.device).masked_scatter(trained, logprobs)  # [B, L-1]
+    return full, None if entropy is None else torch.zeros(trained.shape, device=trained.device).masked_scatter(trained, entropy)
 
 
-def keeps_logits(model: torch.nn.Module) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs; a peft model's base)."""
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """The model's decoder stack and its output head, when its logits are exactly
+    head(decoder(...).last_hidden_state) (a peft model's base; `place` runs both in the
+    compute dtype), else None."""
     core = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(core.forward).parameters
+    config = core.config.get_text_config() if hasattr(core.config, "get_text_config") else core.config
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in LOGIT_TRANSFORMS):
+        return None
+    head = core.get_output_embeddings() if hasattr(core, "get_output_embeddings") else None
+    decoder = getattr(core, "base_model", None)
+    if head is None or decoder is None or decoder is core:
+        return None
+    return decoder, head
+
+
+def logit_chunk(model: torch.nn.Module) -> int:
+    """Positions whose float32 logits fit in LOGIT_CHUNK_BYTES for this model's vocabulary."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return max(1, LOGIT_CHUNK_BYTES // (4 * config.vocab_size))
 
 
 def shared_prompt_logprobs(
@@ -145,9 +185,13 @@ def shared_prompt_logprobs(
     distinct prompts), its KV cache, with its gradient, handed to every row of the prompt,
     and only the responses run per row, attending to it. The log-probability of a row's
     first response token comes from its prompt's last position. Same layout and values as
-    `forward_logprobs` (to float rounding); positions inside the prompt, which are never
-    trained, are 0. Needs a model that returns its KV cache (not with gradient checkpointing).
+    `forward_logprobs` (to float rounding): only trained positions get logits, the rest
+    are 0. Needs a model that returns its KV cache (not with gradient checkpointing).
     """
+    parts = decoder_and_head(model)
+    if parts is None:
+        return forward_logprobs(model, batch, temperature, with_entropy)
+    decoder, head = parts
     batch = batch.to(next(model.parameters()).device)
     device = batch.input_ids.device
     rows = batch.input_ids.shape[0]
@@ -160,7 +204,7 @@ def shared_prompt_logprobs(
     )  # [B] -> distinct prompt
     prompt_ids, prompt_attention, positions = left_padded([list(p) for p in distinct], 0, device)  # [U, P] each
     cache_name = cache_argument(model)
-    shared = model(input_ids=prompt_ids, attention_mask=prompt_attention, position_ids=positions, use_cache=True)
+    shared = decoder(input_ids=prompt_ids, attention_mask=prompt_attention, position_ids=positions, use_cache=True)
     cache = getattr(shared, cache_name)
     cache.batch_select_indices(source)  # every row gets its prompt's keys and values, gradients kept
 
@@ -171,26 +215,24 @@ def shared_prompt_logprobs(
     columns = (prompt_lens[:, None] + offsets[None, :]).clamp(max=batch.input_ids.shape[1] - 1)  # [B, R]
     response_ids = torch.where(inside, batch.input_ids.gather(1, columns), 0)  # [B, R]
     attention = torch.cat([prompt_attention[source], inside.long()], dim=-1)  # [B, P + R]
-    out = model(
+    out = decoder(
         input_ids=response_ids, attention_mask=attention, position_ids=prompt_lens[:, None] + offsets[None, :],
         use_cache=True, **{cache_name: cache},
     )
-    # logits[b, j] predicts response token j of row b: j = 0 from the prompt's last position.
-    logits = torch.cat([shared.logits[source, -1:], out.logits[:, :-1]], dim=1).float()  # [B, R, V]
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    targets = torch.where(inside, response_ids, 0)  # [B, R]
-    response_logprobs = token_logprobs(logits, targets)  # [B, R]
-    # Back to the batch's layout: response token j of row b is target index prompt_lens[b] - 1 + j.
-    b_index, j_index = torch.nonzero(inside, as_tuple=True)
+    # hidden[b, j] predicts response token j of row b: j = 0 from the prompt's last position.
+    hidden = torch.cat([shared.last_hidden_state[source, -1:], out.last_hidden_state[:, :-1]], dim=1)  # [B, R, H]
+    # Response token j of row b is target index prompt_lens[b] - 1 + j of the batch's layout.
+    targets_at = (prompt_lens[:, None] - 1 + offsets[None, :]).clamp(max=batch.targets.shape[1] - 1)  # [B, R]
+    trained = inside & batch.loss_mask.gather(1, targets_at).bool()  # [B, R]
+    logprobs, entropy = chunked_token_logprobs(
+        hidden[trained], head, response_ids[trained], logit_chunk(model), temperature, with_entropy
+    )  # [N] each
+    b_index, j_index = torch.nonzero(trained, as_tuple=True)  # row-major, as the [N] values
     t_index = prompt_lens[b_index] - 1 + j_index
     shape = batch.targets.shape  # [B, L-1]
-    logprobs = torch.zeros(shape, device=device).index_put((b_index, t_index), response_logprobs[b_index, j_index])
-    entropy = None
-    if with_entropy:
-        response_entropy = entropy_from_logits(logits.detach())  # [B, R]
-        entropy = torch.zeros(shape, device=device).index_put((b_index, t_index), response_entropy[b_index, j_index])
-    return logprobs, entropy
+    out_logprobs = torch.zeros(shape, device=device).index_put((b_index, t_index), logprobs)
+    out_entropy = None if entropy is None else torch.zeros(shape, device=device).index_put((b_index, t_index), entropy)
+    return out_logprobs, out_entropy
 
 
 @dataclass(frozen=True)

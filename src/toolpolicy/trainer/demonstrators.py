@@ -12,6 +12,7 @@ name on load.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.envs import calc, hotel
 from toolpolicy.registry import DEMONSTRATOR, ExtensionError, is_import_path, resolve_callable
-from toolpolicy.types import Message, Task
+from toolpolicy.types import Message, Task, ToolCall, ToolSpec
 
 Demonstrator = Callable[[Task, random.Random, Config], list[Message]]
 
@@ -48,8 +49,80 @@ def _bfcl_env() -> Any:
     return BfclMultiTurnEnv()
 
 
+NO_FUNCTION_FITS = "None of the functions I have fits this request, so I will not call one."
+"""The bfcl demonstrator's answer to an irrelevance entry: plain text, no call."""
+
+
+def bfcl_demonstrator(task: Task, rng: random.Random, cfg: Config) -> list[Message]:
+    """One right answer to a BFCL single-turn entry (`bfcl_answer`); exact, `rng` unused."""
+    return [bfcl_answer(_bfcl_single_env().entries[task.id])]
+
+
+@cache
+def _bfcl_single_env() -> Any:
+    from toolpolicy.envs.bfcl import BfclEnv  # here: it reads the bfcl-eval package's data
+
+    return BfclEnv()
+
+
+def bfcl_answer(entry: Any) -> Message:
+    """The demonstrator's assistant message for one BFCL single-turn entry (single_data.Entry):
+
+    - irrelevance (no expected call): NO_FUNCTION_FITS, no call;
+    - relevance (any call passes): a call the gate admits to the function sharing the most
+      words with the question, its required parameters filled (`_filled`);
+    - otherwise the possible answer's calls, each parameter at its first acceptable value,
+      the optional ones whose acceptable values include "" (may be left out) left out
+      (eval.bfcl_agreement's `right_calls(minimal=True)`), named as the model is shown them.
+
+    An entry whose possible answer cannot be written (a required parameter with no acceptable
+    value; eval.bfcl_agreement.INTENDED_ANSWER_REJECTED) gets a call BFCL's checker rejects."""
+    from toolpolicy.envs.bfcl.single_data import shown_name
+    from toolpolicy.eval.bfcl_agreement import right_calls  # here: the eval layer imports torch
+
+    if entry.kind == "relevance":
+        return Message("assistant", "", (_relevant_call(entry),))
+    if not entry.expected:
+        return Message("assistant", NO_FUNCTION_FITS)
+    calls = tuple(ToolCall(shown_name(c.name), c.arguments) for c in right_calls(entry, minimal=True))
+    return Message("assistant", "", calls)
+
+
+def _relevant_call(entry: Any) -> ToolCall:
+    """A call to one of the entry's functions that the gate admits: the functions in order of the
+    words their name and description share with the question, the first whose filled call fits."""
+    from toolpolicy.envs.bfcl.single_turn import checked_schema
+    from toolpolicy.gate.schema import ArgumentSchema
+
+    question = " ".join(m.content for m in entry.messages if m.role == "user")
+    asked = set(re.findall(r"[a-z]{3,}", question.lower()))
+
+    def shared(spec: ToolSpec) -> int:
+        return len(asked & set(re.findall(r"[a-z]{3,}", f"{spec.name.replace('_', ' ')} {spec.description}".lower())))
+
+    specs = sorted(entry.specs(), key=shared, reverse=True)  # stable: ties keep the entry's order
+    for spec in specs:
+        call = ToolCall(spec.name, _filled(spec.parameters, question))
+        if ArgumentSchema(checked_schema(spec)).problem(call.arguments) is None:
+            return call
+    raise ValueError(f"{entry.id}: no function of the entry takes a call filled from its schema")
+
+
+def _filled(schema: dict[str, Any], text: str) -> Any:
+    """A value of `schema`: its first enum value, else one of its type (an object with its
+    required properties filled, `text` for a string)."""
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: _filled(properties.get(name) or {}, text) for name in schema.get("required") or ()}
+    return {"integer": 1, "number": 1.0, "boolean": True, "array": []}.get(kind, text)
+
+
 DEMONSTRATORS: dict[str, Demonstrator] = {
     "calc": calc_demonstrator, "hotel": hotel_demonstrator, "bfcl_multi_turn": bfcl_multi_turn_demonstrator,
+    "bfcl": bfcl_demonstrator,
 }
 """The built-in demonstrators, by the name of the environment they demonstrate."""
 

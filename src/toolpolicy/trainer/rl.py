@@ -174,6 +174,7 @@ def policy_update(
     temperature: float,
     micro_batch_size: int,
     totals: Totals | None = None,
+    micro_batch_tokens: int | None = None,
 ) -> Update:
     """Accumulate the objective's gradient over micro-batches. Returns detached sums (UPDATE_SUMS,
     each token sum not yet divided) and maxima (UPDATE_MAXIMA), which `update_metrics` finishes,
@@ -181,6 +182,7 @@ def policy_update(
 
     advantages: [B] per episode, or [B, L-1] per token (turn credit), cut to each piece's width.
     totals: the whole step's, when `batch` is this rank's share of it (default: the batch's own).
+    Micro-batches hold at most micro_batch_size rows and micro_batch_tokens positions.
     batch None: this rank has no episode to train this step (zero sums, no gradient).
     Log-probabilities are recomputed as `recompute` says (each distinct prompt once, unless
     gradient checkpointing is on) at the rollout's sampling `temperature`; their gap to
@@ -191,7 +193,7 @@ def policy_update(
         return Update(sums, recomputed)
     total_tokens, total_sequences = totals or Totals(float(batch.loss_mask.sum()), float(batch.input_ids.shape[0]))
     device = device_of(model)
-    for rows, piece in micro_batches(batch, micro_batch_size):
+    for rows, piece in micro_batches(batch, micro_batch_size, micro_batch_tokens):
         piece = piece.to(device)
         logprobs, entropy = recompute.logprobs(model, piece, temperature, with_entropy=True)  # [b, l]
         piece_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, : logprobs.shape[1]]
@@ -380,6 +382,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 sums, logprobs = policy_update(
                     model, reference, collate([trajectories[i] for i in mine], policy.pad_id) if mine else None,
                     advantages[mine], algorithm, correction, recompute, cfg.temperature, cfg.micro_batch_size, totals,
+                    cfg.micro_batch_tokens,
                 )
                 if cfg.store_rollouts:
                     recomputed = dict(world.gather([(i, lp.tolist()) for i, lp in zip(mine, logprobs)]))

@@ -53,13 +53,16 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
     return out
 
 
-def sft_loss(model: torch.nn.Module, examples: list[Trajectory], pad_id: int, micro_batch_size: int) -> float:
-    """Mean negative log-likelihood per assistant token; gradients accumulate in `model`."""
+def sft_loss(
+    model: torch.nn.Module, examples: list[Trajectory], pad_id: int, micro_batch_size: int, micro_batch_tokens: int | None = None
+) -> float:
+    """Mean negative log-likelihood per assistant token; gradients accumulate in `model`, over
+    micro-batches of at most micro_batch_size rows and micro_batch_tokens positions."""
     batch = collate(sorted(examples, key=lambda t: len(t.token_ids)), pad_id)  # similar lengths share a micro-batch
     total_tokens = float(batch.loss_mask.sum())
     total = 0.0
     device = device_of(model)
-    for _, piece in micro_batches(batch, micro_batch_size):
+    for _, piece in micro_batches(batch, micro_batch_size, micro_batch_tokens):
         piece = piece.to(device)
         logprobs, _ = forward_logprobs(model, piece)  # [b, l]
         loss = aggregate_loss(-logprobs, piece.loss_mask, "token_mean", total_tokens, len(examples))
@@ -92,7 +95,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         began = time.perf_counter()
         chosen = [examples[i] for i in batch_indices(len(examples), cfg.sft_batch_size, step, cfg.seed)]
         optimizer.zero_grad(set_to_none=True)
-        loss = sft_loss(model, chosen, policy.pad_id, cfg.micro_batch_size)
+        loss = sft_loss(model, chosen, policy.pad_id, cfg.micro_batch_size, cfg.micro_batch_tokens)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()

@@ -1,0 +1,193 @@
+"""BFCL v4's single-turn entries, read from the installed `bfcl-eval` package.
+
+The Berkeley Function Calling Leaderboard's own question files and possible answers
+(`bfcl_eval/data/`), nothing copied into this repository; the package is installed
+without its dependencies (`pip install --no-deps bfcl-eval`) and only its data files are
+read, as JSON. Two readers share this module: `toolpolicy eval --bfcl v4`
+(toolpolicy.eval.bfcl_v4, which scores them) and the `bfcl` environment
+(toolpolicy.envs.bfcl.single_turn, which trains on them). Scoring is not here: it is
+toolpolicy.rewards.bfcl's, from `Entry.scoring()`.
+
+The model sees each entry as BFCL shows it to a function-calling model: every
+description ends with the language hint, Java and JavaScript parameters are strings
+holding a source literal (their type named in the description), and "." in function
+names is written "_". Irrelevance entries expect no call, relevance entries any call.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from toolpolicy.envs.bfcl.data import BfclDataError, data_dir
+from toolpolicy.types import Message, ToolCall, ToolSpec
+
+AST_CATEGORIES = (
+    "simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
+    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+)
+RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
+CATEGORIES = AST_CATEGORIES + RELEVANCE_CATEGORIES
+INSTALL = "pip install --no-deps bfcl-eval==2026.3.23"
+_HINTS = {"python": "Python 3 syntax", "java": "Java 8 SDK syntax", "javascript": "JavaScript syntax"}
+# BFCL writes Python type names in its schemas; models are shown JSON Schema.
+_JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "int": "integer", "bool": "boolean", "str": "string"}
+
+
+class BfclFileError(ValueError):
+    """An entry that cannot be scored; the message names the file and line."""
+
+
+def known_categories(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """`names` if each is a single-turn category, else ValueError listing the known ones."""
+    unknown = [name for name in names if name not in CATEGORIES]
+    if unknown:
+        raise ValueError(f"unknown BFCL single-turn categories {unknown}; known: {', '.join(CATEGORIES)}")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One single-turn question, the functions it offers and what counts as right.
+
+    `expected` holds one {function: {parameter: [acceptable values]}} per expected call
+    (toolpolicy.rewards.bfcl's `Expected`). `kind`: "ast" compares the calls with
+    `expected` (none expected: no call is right); "relevance" passes with any call at
+    all. `shown` is the function list as the model sees it, where it differs from the
+    one the answers are checked against (BFCL shows Java and JavaScript parameters as
+    strings).
+    """
+
+    id: str
+    category: str
+    messages: list[Message]
+    functions: list[dict[str, Any]]
+    expected: list[dict[str, dict[str, list[Any]]]]
+    language: Literal["python", "java", "javascript"] = "python"
+    kind: Literal["ast", "relevance"] = "ast"
+    shown: list[dict[str, Any]] | None = None
+
+    def specs(self) -> list[ToolSpec]:
+        """The tools as the model is offered them, with "." in names as "_" (what OpenAI-style names allow)."""
+        return [
+            ToolSpec(shown_name(f["name"]), f.get("description", ""), json_schema(f.get("parameters") or {}))
+            for f in self.shown or self.functions
+        ]
+
+    def own_names(self) -> dict[str, str]:
+        """Shown name -> the function's own name, for the names that differ."""
+        return {shown_name(f["name"]): f["name"] for f in self.functions if shown_name(f["name"]) != f["name"]}
+
+    def called(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """The calls with each shown name turned back into the function's own."""
+        names = self.own_names()
+        return [ToolCall(names.get(call.name, call.name), call.arguments, call.id) for call in calls]
+
+    def scoring(self) -> dict[str, Any]:
+        """What BFCL's verdict and the reward components read (toolpolicy.rewards.bfcl's
+        `verdict` and `components` take it as keywords; the `bfcl` environment's tasks carry it)."""
+        return {"functions": self.functions, "expected": self.expected, "language": self.language, "kind": self.kind}
+
+
+def shown_name(name: str) -> str:
+    """A function name as the model is shown it: OpenAI-style names allow no ".", BFCL writes "_" for it."""
+    return name.replace(".", "_")
+
+
+def check_names(functions: list[dict[str, Any]], where: str) -> None:
+    """Two functions whose shown names coincide ("a.b" and "a_b") could not be told apart in a call."""
+    shown = [shown_name(f["name"]) for f in functions]
+    clashes = sorted({name for name in shown if shown.count(name) > 1})
+    if clashes:
+        raise BfclFileError(f"{where}: functions shown as {clashes} differ only by '.' and '_'; rename one")
+
+
+def json_schema(schema: Any) -> Any:
+    """A BFCL parameter schema with its Python type names ("dict", "float") as JSON Schema's."""
+    if isinstance(schema, list):
+        return [json_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: json_schema(value) for key, value in schema.items()}
+    if isinstance(out.get("type"), str):
+        if out["type"] == "any":
+            del out["type"]
+        else:
+            out["type"] = _JSON_TYPES.get(out["type"], out["type"])
+    return out
+
+
+def data_folder() -> Path:
+    """`bfcl_eval/data` of the installed package, found without importing it (its imports pull API clients)."""
+    try:
+        return data_dir()
+    except BfclDataError as error:
+        raise BfclFileError(f"BFCL v4 reads its data from the bfcl-eval package: {error}") from None
+
+
+def load_v4(categories: tuple[str, ...] = CATEGORIES, folder: Path | None = None) -> list[Entry]:
+    """Every entry of the categories, with its possible answers."""
+    folder = folder or data_folder()
+    entries = []
+    for category in categories:
+        rows = _read(folder / f"BFCL_v4_{category}.json")
+        answers = {} if category in RELEVANCE_CATEGORIES else {r["id"]: r["ground_truth"] for r in _read(folder / "possible_answer" / f"BFCL_v4_{category}.json")}
+        for row in rows:
+            entries.append(_entry(row, category, answers, folder))
+    return entries
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise BfclFileError(f"{path}: missing from the bfcl-eval package; reinstall it: {INSTALL}")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def language_of(category: str) -> str:
+    return {"simple_java": "java", "simple_javascript": "javascript"}.get(category, "python")
+
+
+def _entry(row: dict[str, Any], category: str, answers: dict[str, Any], folder: Path) -> Entry:
+    where = f"{folder}/BFCL_v4_{category}.json: {row['id']}"
+    if category not in RELEVANCE_CATEGORIES and row["id"] not in answers:
+        raise BfclFileError(f"{where}: no possible answer")
+    language = language_of(category)
+    check_names(row["function"], where)
+    (turn,) = row["question"]  # single-turn: one turn of messages
+    return Entry(
+        id=row["id"],
+        category=category,
+        messages=[Message(m["role"], str(m.get("content", ""))) for m in turn],
+        functions=row["function"],
+        expected=answers.get(row["id"], []),
+        language=language,  # type: ignore[arg-type]
+        kind="relevance" if category == "live_relevance" else "ast",
+        shown=shown_functions(row["function"], language),
+    )
+
+
+def shown_functions(functions: list[dict[str, Any]], language: str) -> list[dict[str, Any]]:
+    """The functions as BFCL shows them: the language hint, and Java/JavaScript values as strings."""
+    hint = f" Note that the provided function is in {_HINTS[language]}."
+    if language == "python":  # only the description changes: no deep copy (live entries carry long schemas)
+        return [{**function, "description": function.get("description", "") + hint} for function in functions]
+    shown = copy.deepcopy(functions)
+    for function in shown:
+        function["description"] = function.get("description", "") + hint
+        name = "Java" if language == "java" else "JavaScript"
+        for schema in (function.get("parameters") or {}).get("properties", {}).values():
+            kind = schema.get("type")
+            text = schema.get("description", "")
+            if kind == "any":
+                text += f" This parameter can be of any type of {name} object in string representation."
+            else:
+                text += f" This is {name} {kind} type parameter in string representation."
+            if kind in ("Array", "ArrayList", "array") and "items" in schema:
+                text += f" The list elements are of type {schema.pop('items')['type']}; they are not in string representation."
+            if language == "javascript" and kind == "dict" and "properties" in schema:
+                text += f" The dictionary entries have the following schema; they are not in string representation. {json.dumps(schema.pop('properties'))}"
+            schema["description"], schema["type"] = text, "string"
+    return shown

@@ -1,0 +1,313 @@
+"""`bfcl`: BFCL v4's single-turn entries as an environment of toolpolicy's engine.
+
+Each entry of the thirteen single-turn categories (single_data.CATEGORIES) is a task: its
+messages are the prompt, its functions as BFCL shows them (`shown_functions`) the tools.
+The model answers in one assistant turn and the episode ends there (`single_turn`): its
+calls go through the gate, which checks them against the entry's own schemas, so a
+malformed call is an `invalid_call` event, but nothing runs them (BFCL's single-turn
+entries have no backends) and no observation follows. The rewards score the calls
+(toolpolicy.rewards.bfcl), from the entry's scoring inputs the task carries in
+`task.info["bfcl"]`:
+
+    bfcl_correct       BFCL's verdict (`match_calls`, which agrees with the official
+                       ast_checker on every case tried); irrelevance: no call passes;
+                       relevance: any call passes                                    weight 1.0
+    bfcl_param_values  ToolRL's credit for acceptable parameter values               weight 0.2
+    bfcl_tool_name     ToolRL's credit for the called function names (Jaccard)       weight 0.1
+    bfcl_param_names   ToolRL's credit for the parameter names (Jaccard)             weight 0.1
+    bfcl_format        1 when no call was malformed                                  weight 0.1
+    tool_call_count, invalid_call_count                                              metrics (0)
+
+The verdict dominates: a right answer scores 1.5, a wrong one at most 0.5, so the partial
+credit only orders the wrong answers of a GRPO group (a group where none is right still
+has a signal, ToolRL's point), never lifts a wrong answer above a right one. A turn cut
+by a budget, or broken by infrastructure, scores 0 on every component.
+
+The split, with nothing of the held-out side in training. `train` is the live
+categories (queries contributed by users: live_simple, live_multiple, live_parallel,
+live_parallel_multiple, live_irrelevance, live_relevance); `eval` (also called `test`)
+is the non-live ones (simple_python, simple_java, simple_javascript, multiple, parallel,
+parallel_multiple, irrelevance). A live entry is dropped from `train` when its question
+(the user text, lower-cased, letters and digits only) or the name of one of its functions
+(as shown, lower-cased) also appears in a held-out entry; `leak_split` computes it,
+`BfclEnv.dropped` says why for each, and tests/test_bfcl_env.py checks that every dropped
+entry really shares one and no kept entry does. With bfcl-eval 2026.3.23 (DROPPED):
+
+    category                entries  dropped  train   of which: question  function
+    live_simple                 258       25    233                   0        25
+    live_multiple              1053       53   1000                   1        53
+    live_parallel                16       11      5                   0        11
+    live_parallel_multiple       24        7     17                   0         7
+    live_irrelevance            884      156    728                   6       156
+    live_relevance               16        0     16                   0         0
+    all live                   2251      252   1999                   7       252
+
+Every question-sharing entry also shares a function (get_current_weather, most often: 200
+live entries offer it, and so does a held-out one). The held-out split keeps all 1390
+non-live entries (400 + 100 + 50 + 200 + 200 + 200 + 240).
+
+`BfclEnv(categories)` keeps the entries of the named categories on both sides (the config's
+`bfcl_categories`); the drops are decided against every held-out entry whichever are kept.
+
+The gate knows one schema per function name, but entries show one name with different
+schemas (requests_get in 46 forms): the gate admits a call that fits one of them
+(`gate_tools`) and the episode's own tools then hold it to its entry's (`entry_tools`);
+either refusal is an `invalid_call`. Both check the shown schema with no argument beyond
+its properties and without `enum`s, which BFCL's checker does not read. The possible
+answers of 7 train entries still break their schema's types (a boolean or an integer for
+a string, a null date: live_multiple_552-153-1, 595-158-1, 596-158-2, 731-167-2,
+733-167-4, 735-167-6, 1038-265-0): BFCL accepts them, so they are right (bfcl_correct 1)
+and malformed (bfcl_format 0) at once.
+
+The SFT demonstrator (`bfcl`, toolpolicy.trainer.demonstrators) writes one answer per
+entry from its possible answers. BFCL's checker accepts 1994 of the 1999 train ones; the
+other 5 are the entries whose possible answer cannot be written as a passing call
+(eval.bfcl_agreement.INTENDED_ANSWER_REJECTED: a required parameter without an acceptable
+value, a parameter the function does not take).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache, cached_property
+from typing import Any
+
+from toolpolicy.envs.bfcl.single_data import CATEGORIES, Entry, known_categories, load_v4, shown_name
+from toolpolicy.tools import ToolSet
+from toolpolicy.tools.schema_tool import schema_tool
+from toolpolicy.types import Message, Task, ToolSpec
+
+TRAIN_CATEGORIES = tuple(c for c in CATEGORIES if c.startswith("live_"))
+"""The live categories: BFCL's user-contributed queries, the `train` split."""
+HELD_OUT_CATEGORIES = tuple(c for c in CATEGORIES if not c.startswith("live_"))
+"""The non-live categories: the `eval` split (`test` is the same)."""
+SPLITS = {"train": "train", "eval": "eval", "test": "eval"}
+
+DROPPED = {"live_simple": 25, "live_multiple": 53, "live_parallel": 11, "live_parallel_multiple": 7, "live_irrelevance": 156}
+"""Live entries dropped from `train` per category, as the module docstring tables them (a test
+compares it with `leak_split`'s count, so a new bfcl-eval that changes them is noticed)."""
+
+NOT_RUN = "Not run: BFCL's single-turn calls are scored, not executed."
+"""What a call returns (nothing shows it: the episode ends with the turn that made it)."""
+
+
+def question_key(entry: Entry) -> str:
+    """The user's text of an entry, lower-cased, letters and digits only, single-spaced
+    (Unicode letters kept: some live questions are in Chinese or Korean)."""
+    text = " ".join(m.content for m in entry.messages if m.role == "user")
+    return " ".join(re.sub(r"[\W_]+", " ", text.lower()).split())
+
+
+def function_keys(entry: Entry) -> set[str]:
+    """The entry's function names as the model is shown them, lower-cased."""
+    return {shown_name(f["name"]).lower() for f in entry.functions}
+
+
+@dataclass(frozen=True)
+class Split:
+    """The live entries kept for training, the held-out (non-live) ones, and why each dropped one went."""
+
+    train: tuple[Entry, ...]
+    held_out: tuple[Entry, ...]
+    dropped: dict[str, tuple[str, ...]]
+    """Live entry id -> what it shares with the held-out split: "question", "function NAME", ..."""
+
+    def counts(self) -> dict[str, Counter[str]]:
+        """Per live category: its entries, those dropped and those kept, and the drops sharing a question / a function."""
+        out: dict[str, Counter[str]] = {c: Counter() for c in TRAIN_CATEGORIES}
+        for entry in self.train:
+            out[entry.category].update(entries=1, train=1)
+        for entry_id, reasons in self.dropped.items():
+            category = live_category(entry_id)
+            out[category].update(entries=1, dropped=1)
+            out[category].update({"question": 1} if "question" in reasons else {})
+            out[category].update({"function": 1} if any(r.startswith("function ") for r in reasons) else {})
+        return out
+
+
+def live_category(entry_id: str) -> str:
+    """The category of a live entry from its id ("live_multiple_12-4-0" -> "live_multiple")."""
+    return next(c for c in sorted(TRAIN_CATEGORIES, key=len, reverse=True) if entry_id.startswith(c + "_"))
+
+
+def leak_split(entries: list[Entry]) -> Split:
+    """Live entries against the non-live ones: drop each live entry whose question or a function
+    name appears on the held-out side (see the module docstring)."""
+    held_out = tuple(e for e in entries if e.category in HELD_OUT_CATEGORIES)
+    questions = {question_key(e) for e in held_out} - {""}
+    functions = set().union(*(function_keys(e) for e in held_out))
+    train, dropped = [], {}
+    for entry in (e for e in entries if e.category in TRAIN_CATEGORIES):
+        reasons = (("question",) if question_key(entry) in questions else ()) + tuple(
+            f"function {name}" for name in sorted(function_keys(entry) & functions)
+        )
+        if reasons:
+            dropped[entry.id] = reasons
+        else:
+            train.append(entry)
+    return Split(tuple(train), held_out, dropped)
+
+
+@cache
+def v4_split() -> Split:
+    """`leak_split` of every single-turn entry of the installed bfcl-eval, read once per process."""
+    return leak_split(load_v4(CATEGORIES))
+
+
+def entry_task(entry: Entry) -> Task:
+    """An entry as a task: its last user message as the prompt, its category, and in
+    `info["bfcl"]` what the rewards score it with (`Entry.scoring()` and, as "names", the
+    shown function names that differ from the functions' own)."""
+    users = [m.content for m in entry.messages if m.role == "user"]
+    info = {"category": entry.category, "bfcl": {**entry.scoring(), "names": entry.own_names()}}
+    return Task(entry.id, users[-1] if users else "", "", info)
+
+
+def _not_run(**arguments: Any) -> str:
+    return NOT_RUN
+
+
+def checked_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The schema a call is checked against: the shown one with no argument beyond its
+    properties (BFCL fails a call with a parameter the function does not take) and no `enum`
+    (BFCL's checker never reads one, and its own answers leave them: 9 train entries)."""
+    parameters = without_enums(spec.parameters)
+    return {**parameters, "additionalProperties": False} if "properties" in parameters else parameters
+
+
+def without_enums(schema: Any) -> Any:
+    """`schema` with every `enum` keyword removed, at any depth (a property named "enum" stays)."""
+    if isinstance(schema, list):
+        return [without_enums(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: value for key, value in schema.items() if key != "enum"}
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {name: without_enums(sub) for name, sub in out["properties"].items()}
+    for key in ("items", "additionalProperties", "anyOf", "oneOf", "allOf"):
+        if key in out:
+            out[key] = without_enums(out[key])
+    return out
+
+
+def entry_tools(entry: Entry) -> ToolSet:
+    """An entry's functions as tools checked against its own schemas, returning NOT_RUN."""
+    return ToolSet([schema_tool(spec, _not_run, "BFCL function", checked_schema(spec)) for spec in entry.specs()])
+
+
+def gate_tools(entries: list[Entry]) -> ToolSet:
+    """Every function the entries show, for the gate, which knows one schema per name: where
+    entries show one name with different schemas, a call passes if it fits one of them
+    (`anyOf`), and the episode's own tools (`entry_tools`) then hold it to its entry's."""
+    variants: dict[str, dict[str, Any]] = {}
+    first: dict[str, ToolSpec] = {}
+    for entry in entries:
+        for spec in entry.specs():
+            first.setdefault(spec.name, spec)
+            schema = checked_schema(spec)
+            variants.setdefault(spec.name, {}).setdefault(repr(sorted(schema.items())), schema)
+    tools = []
+    for name, spec in first.items():
+        schemas = list(variants[name].values())
+        checked = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        tools.append(schema_tool(ToolSpec(name, spec.description, checked), _not_run, "BFCL function"))
+    return ToolSet(tools)
+
+
+@cache
+def _gate_tools(categories: tuple[str, ...]) -> ToolSet:
+    split = v4_split()
+    return gate_tools([e for e in (*split.train, *split.held_out) if e.category in categories])
+
+
+class BfclSession:
+    """One episode of one entry: its functions, and one assistant turn."""
+
+    single_turn = True
+
+    def __init__(self, tools: ToolSet) -> None:
+        self.tools = tools
+
+    def on_answer(self, messages: list[Message]) -> list[Message] | None:
+        return None
+
+    def finish(self) -> dict[str, Any]:
+        return {}
+
+
+class BfclEnv:
+    """BFCL v4's single-turn entries, one scored assistant turn each; see the module docstring.
+
+    Args:
+        categories: the BFCL categories to draw entries from (default: all thirteen); the
+            live ones make `train`, the others `eval`.
+    """
+
+    name = "bfcl"
+    system_prompt = ""
+    """Unused: an entry's own messages are the prompt (some live entries bring a system message)."""
+    single_turn = True
+    success_reward = "bfcl_correct"
+    default_rewards = {
+        "bfcl_correct": 1.0,
+        "bfcl_param_values": 0.2,
+        "bfcl_tool_name": 0.1,
+        "bfcl_param_names": 0.1,
+        "bfcl_format": 0.1,
+        "tool_call_count": 0.0,
+        "invalid_call_count": 0.0,
+    }
+
+    def __init__(self, categories: tuple[str, ...] = CATEGORIES) -> None:
+        self.categories = known_categories(categories)
+        split = v4_split()
+        self.pools = {
+            "train": [e for e in split.train if e.category in self.categories],
+            "eval": [e for e in split.held_out if e.category in self.categories],
+        }
+        self.dropped = {i: why for i, why in split.dropped.items() if live_category(i) in self.categories}
+        """Live entries of these categories left out of `train`, and what each shares with the held-out split."""
+        self.entries = {e.id: e for pool in self.pools.values() for e in pool}
+        self._entry_tools: dict[str, ToolSet] = {}
+        """`entry_tools` per entry id, built when an episode first needs them (a group shares them)."""
+
+    @cached_property
+    def tools(self) -> ToolSet:
+        """Every function of these categories, for the gate (`gate_tools`): built on first use,
+        once per process for the same categories (its schemas take seconds to check)."""
+        return _gate_tools(self.categories)
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """`n` entries of `split`, shuffled by `seed`; past the split's size it starts a new shuffle."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}: use 'train' or 'eval' ('test')")
+        pool = sorted(e.id for e in self.pools[SPLITS[split]])
+        if not pool:
+            raise ValueError(f"no {split} entries among categories {list(self.categories)}: train is the live ones, eval the others")
+        rng = random.Random(f"bfcl/{SPLITS[split]}/{seed}")
+        chosen: list[str] = []
+        while len(chosen) < n:
+            chosen.extend(rng.sample(pool, len(pool)))
+        return [self.task(entry_id) for entry_id in chosen[:n]]
+
+    def task(self, entry_id: str) -> Task:
+        """The task of one entry, by its BFCL id."""
+        return entry_task(self.entries[entry_id])
+
+    def task_specs(self, task: Task) -> list[ToolSpec]:
+        """The entry's functions, as BFCL shows them."""
+        return self.entries[task.id].specs()
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        return list(self.entries[task.id].messages)
+
+    def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
+        return None
+
+    def session(self, task: Task) -> BfclSession:
+        if task.id not in self._entry_tools:
+            self._entry_tools[task.id] = entry_tools(self.entries[task.id])
+        return BfclSession(self._entry_tools[task.id])

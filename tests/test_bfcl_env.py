@@ -1,0 +1,303 @@
+"""env: bfcl: BFCL v4's single-turn entries, one scored assistant turn each, on a split with no leak."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from toolpolicy.build import build_env
+from toolpolicy.config import ConfigError, load_config
+from toolpolicy.envs import make_env
+from toolpolicy.envs.bfcl.single_data import Entry, load_v4, shown_functions
+from toolpolicy.envs.bfcl.single_turn import DROPPED, HELD_OUT_CATEGORIES, TRAIN_CATEGORIES, BfclEnv, entry_task, v4_split
+from toolpolicy.gate import Gate
+from toolpolicy.model import char_codec, make_template
+from toolpolicy.rewards import Rubric
+from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend, allow_all_policy
+from toolpolicy.types import Episode, Event, Message, ToolCall
+
+pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by `make test` (pip install --no-deps bfcl-eval)")
+
+TEMPLATE = make_template(compact=True)
+WIDE = Limits(max_turns=4, max_tokens=10**7, max_turn_tokens=10**6, max_call_chars=10**6)  # live schemas are long
+COMPONENTS = ("bfcl_correct", "bfcl_tool_name", "bfcl_param_names", "bfcl_param_values", "bfcl_format")
+UNWRITABLE = {"live_simple_106-63-0", "live_simple_112-68-0", "live_multiple_507-149-4", "live_multiple_862-181-3", "live_multiple_964-207-0"}
+"""Train entries whose possible answer BFCL's own checker rejects (eval.bfcl_agreement.INTENDED_ANSWER_REJECTED)."""
+RIGHT_BUT_MALFORMED = {
+    "live_multiple_552-153-1", "live_multiple_595-158-1", "live_multiple_596-158-2", "live_multiple_731-167-2",
+    "live_multiple_733-167-4", "live_multiple_735-167-6", "live_multiple_1038-265-0",
+}
+"""Train entries whose possible answer BFCL accepts but whose schema's types it breaks (see single_turn's docstring)."""
+
+
+@pytest.fixture(scope="module")
+def env() -> BfclEnv:
+    return BfclEnv()
+
+
+@pytest.fixture(scope="module")
+def gate(env: BfclEnv) -> Gate:
+    """One gate for every engine here: checking the schemas of every function takes seconds."""
+    return Gate(allow_all_policy(), env.tools)
+
+
+def run(env: BfclEnv, gate: Gate, task_ids: list[str], answers: list[Message]) -> list[Episode]:
+    """One scripted assistant message per entry through the real engine; a second turn would be an IndexError."""
+    encode, decode = char_codec()
+    backend = ScriptedBackend({i: [answer] for i, answer in enumerate(answers)}, TEMPLATE.render_assistant, encode)
+    with RolloutEngine(env, TEMPLATE, encode, decode, backend, WIDE, gate) as engine:
+        return [t.episode for t in engine.run([env.task(i) for i in task_ids])]
+
+
+def components(episode: Episode) -> tuple[float, ...]:
+    return tuple(round(Rubric.from_weights(dict.fromkeys(COMPONENTS, 1.0)).score(episode).components[c], 4) for c in COMPONENTS)
+
+
+# ---- the rewards, on hand-built entries ------------------------------------------------------
+
+FORECAST = [{
+    "name": "weather.get", "description": "The forecast for a city.",
+    "parameters": {"type": "dict", "required": ["city", "days"], "properties": {
+        "city": {"type": "string", "description": "City name."},
+        "days": {"type": "integer", "description": "Days ahead."},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "description": "Unit."},
+    }},
+}]
+WEATHER = Entry(
+    "hand_weather_0", "live_simple", [Message("user", "Weather in Paris for the next 3 days?")], FORECAST,
+    [{"weather.get": {"city": ["Paris", "Paris, France"], "days": [3], "unit": ["celsius", ""]}}],
+    shown=shown_functions(FORECAST, "python"),
+)
+OFF_TOPIC = Entry("hand_irrelevance_0", "live_irrelevance", [Message("user", "Tell me a joke.")], FORECAST, [],
+                  shown=shown_functions(FORECAST, "python"))
+ANY_CALL = Entry("hand_relevance_0", "live_relevance", [Message("user", "Is it cold out?")], FORECAST, [], kind="relevance",
+                 shown=shown_functions(FORECAST, "python"))
+
+
+def answered(entry: Entry, calls: list[ToolCall], malformed: int = 0, truncated: bool = False) -> Episode:
+    events = [Event("invalid_call", 0, "bad_json")] * malformed
+    turn = Message("assistant", "" if calls else "No.", tuple(calls))
+    return Episode(entry_task(entry), [*entry.messages, turn], events, truncated)
+
+
+def forecast(**arguments: object) -> ToolCall:
+    return ToolCall("weather_get", arguments)  # the shown name: "." is written "_"
+
+
+@pytest.mark.parametrize(
+    "calls, malformed, truncated, expected",
+    [
+        # correct, tool_name, param_names, param_values, format
+        ([forecast(city="paris, FRANCE", days=3)], 0, False, (1, 1, 1, 1, 1)),  # strings compared as BFCL does
+        ([forecast(city="Paris", days=3, unit="celsius")], 0, False, (1, 1, 1, 1, 1)),
+        ([forecast(city="Paris", days=4)], 0, False, (0, 1, 1, 0.5, 1)),  # 1 of 2 needed values
+        ([forecast(city="Paris")], 0, False, (0, 1, 0.5, 0.5, 1)),  # names {city} of {city, days}
+        ([forecast(city="Paris", days=3, country="FR")], 1, False, (0, 1, 0.6667, 0.6667, 0)),  # 2 of 3 names; the gate's event
+        ([ToolCall("weather_history", {"city": "Paris", "days": 3})], 0, False, (0, 0, 0, 0, 1)),
+        ([], 0, False, (0, 0, 0, 0, 1)),
+        ([forecast(city="Paris", days=3)] * 2, 0, False, (0, 0.5, 1, 1, 1)),  # names: 1 shared of 1 + 2 - 1
+        ([forecast(city="Paris", days=3)], 1, False, (1, 1, 1, 1, 0)),  # an undecodable second call: malformed, not a call
+        ([forecast(city="Paris", days=3)], 0, True, (0, 0, 0, 0, 0)),  # cut by a budget: nothing was parsed
+    ],
+)
+def test_each_component_on_a_hand_built_entry(calls, malformed, truncated, expected):
+    assert components(answered(WEATHER, calls, malformed, truncated)) == pytest.approx(expected)
+
+
+def test_irrelevance_passes_with_no_call_and_relevance_with_any():
+    assert components(answered(OFF_TOPIC, [])) == (1, 1, 1, 1, 1)
+    assert components(answered(OFF_TOPIC, [forecast(city="Paris", days=3)])) == (0, 0, 0, 0, 1)
+    assert components(answered(ANY_CALL, [forecast(city="Oslo", days=1)])) == (1, 1, 1, 1, 1)
+    assert components(answered(ANY_CALL, [])) == (0, 0, 0, 0, 1)
+
+
+def test_the_default_rubric_ranks_every_right_answer_above_every_wrong_one(env):
+    rubric = Rubric.from_weights(env.default_rewards)
+    right = rubric.score(answered(WEATHER, [forecast(city="Paris", days=3)])).total
+    wrong = [forecast(city="Paris", days=4)], [forecast(city="Paris")], [forecast(city="Paris", days=3)] * 2, []
+    assert right == pytest.approx(1.5)
+    assert max(rubric.score(answered(WEATHER, calls)).total for calls in wrong) <= 0.5
+    assert env.success_reward == "bfcl_correct"
+
+
+def test_another_environments_episode_scores_zero():
+    from toolpolicy.types import Task
+
+    calc = Episode(Task("calc-1", "2+2?", "4"), [Message("user", "2+2?"), Message("assistant", "", (ToolCall("calculator", {}),))])
+    assert components(calc) == (0, 0, 0, 0, 0)
+
+
+# ---- the split --------------------------------------------------------------------------------
+
+
+def user_text(entry: Entry) -> str:
+    words = re.findall(r"[^\W_]+", " ".join(m.content for m in entry.messages if m.role == "user").lower())
+    return " ".join(words)
+
+
+def names(entry: Entry) -> set[str]:
+    return {f["name"].replace(".", "_").lower() for f in entry.functions}
+
+
+def test_dropped_entries_share_a_question_or_function_with_held_out_ones_and_kept_ones_share_none():
+    """Checked against the files read afresh, with the overlap computed here, not by leak_split."""
+    entries = load_v4()
+    held_out = [e for e in entries if e.category in HELD_OUT_CATEGORIES]
+    live = [e for e in entries if e.category in TRAIN_CATEGORIES]
+    questions, functions = {user_text(e) for e in held_out} - {""}, set().union(*(names(e) for e in held_out))
+    split = v4_split()
+    assert sorted(e.id for e in split.held_out) == sorted(e.id for e in held_out)
+    assert sorted([e.id for e in split.train] + list(split.dropped)) == sorted(e.id for e in live)
+    for entry in live:
+        shared = {"question"} if user_text(entry) in questions else set()
+        shared |= {f"function {name}" for name in names(entry) & functions}
+        if entry.id in split.dropped:
+            assert shared and set(split.dropped[entry.id]) == shared, entry.id
+        else:
+            assert not shared, entry.id
+
+
+def test_the_dropped_counts_are_the_docstring_table():
+    import toolpolicy.envs.bfcl.single_turn as module
+
+    counts = v4_split().counts()
+    assert {c: n["dropped"] for c, n in counts.items() if n["dropped"]} == DROPPED
+    rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in module.__doc__.splitlines()
+            if line.strip().startswith("live_") and line.split()[1].isdigit()}
+    for category, n in counts.items():
+        assert rows[category] == [n["entries"], n["dropped"], n["train"], n["question"], n["function"]], category
+    assert len(v4_split().train) == 1999 and len(v4_split().held_out) == 1390
+
+
+def test_tasks_come_from_their_split_the_same_for_a_seed(env):
+    train = env.tasks("train", 3000, seed=1)  # past the split's 1999: a second shuffle
+    assert {t.info["category"] for t in train} == set(TRAIN_CATEGORIES)
+    assert not {t.id for t in train} & set(env.dropped) and len({t.id for t in train}) == 1999
+    held_out = env.tasks("eval", 50, seed=1)
+    assert {t.info["category"] for t in held_out} <= set(HELD_OUT_CATEGORIES)
+    assert [t.id for t in env.tasks("test", 50, seed=1)] == [t.id for t in held_out]
+    assert [t.id for t in env.tasks("train", 5, seed=1)] == [t.id for t in train[:5]]
+    with pytest.raises(ValueError, match="unknown split 'dev'"):
+        env.tasks("dev", 1, seed=0)
+
+
+def test_categories_are_an_option_checked_on_load():
+    cfg = load_config(None, ["env=bfcl", "bfcl_categories=[live_simple, simple_python]"])
+    env = build_env(cfg)
+    assert {e.category for e in env.pools["train"]} == {"live_simple"}
+    assert {e.category for e in env.pools["eval"]} == {"simple_python"}
+    assert set(env.dropped) == {i for i in v4_split().dropped if i.startswith("live_simple_")}
+    with pytest.raises(ConfigError, match="unknown BFCL single-turn categories \\['multi_turn_base'\\]"):
+        load_config(None, ["env=bfcl", "bfcl_categories=[multi_turn_base]"])
+    with pytest.raises(ValueError, match="no eval entries"):
+        make_env("bfcl", categories=("live_simple",)).tasks("eval", 1, seed=0)
+
+
+# ---- the demonstrator ----------------------------------------------------------------------
+
+
+def test_demonstrations_of_the_whole_train_split_pass_the_checker_but_unwritable_answers(env):
+    from toolpolicy.eval.bfcl_agreement import INTENDED_ANSWER_REJECTED, official_checker
+    from toolpolicy.rewards.bfcl import verdict
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    official = official_checker()
+    accepted, rejected = 0, set()
+    for entry in env.pools["train"]:
+        calls = entry.called(list(bfcl_answer(entry).tool_calls))
+        ok = verdict(calls, **entry.scoring()).ok
+        if entry.kind == "ast" and entry.expected:
+            assert official(entry, calls) is ok, entry.id  # BFCL's own ast_checker agrees
+        accepted += ok
+        rejected |= set() if ok else {entry.id}
+    assert (accepted, rejected) == (1994, UNWRITABLE)
+    assert UNWRITABLE <= set(INTENDED_ANSWER_REJECTED)
+
+
+def test_the_demonstrator_is_found_by_the_environments_name():
+    from toolpolicy.trainer.demonstrators import NO_FUNCTION_FITS, demonstrator_for
+
+    cfg = load_config(None, ["env=bfcl"])
+    env = make_env("bfcl")
+    irrelevant = next(e for e in env.pools["train"] if e.category == "live_irrelevance")
+    assert demonstrator_for(cfg)(env.task(irrelevant.id), random.Random(0), cfg) == [Message("assistant", NO_FUNCTION_FITS)]
+
+
+# ---- episodes through the real engine --------------------------------------------------------
+
+
+def test_every_train_demonstration_through_the_engine_ends_after_its_one_turn(env, gate):
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    ids = [e.id for e in env.pools["train"]]
+    episodes = run(env, gate, ids, [bfcl_answer(env.entries[i]) for i in ids])
+    rubric = Rubric.from_weights(env.default_rewards)
+    for episode in episodes:
+        entry = env.entries[episode.task.id]
+        assert episode.messages[:-1] == entry.messages and episode.messages[-1].role == "assistant"
+        assert not episode.truncated and episode.infra_error is None
+    scores = {e.task.id: rubric.score(e).components for e in episodes}
+    assert {i for i, s in scores.items() if s["bfcl_correct"] != 1.0} == UNWRITABLE
+    assert {e.task.id for e in episodes if e.count("invalid_call")} == UNWRITABLE | RIGHT_BUT_MALFORMED
+    relevance = [e for e in episodes if e.task.info["category"] == "live_relevance"]
+    assert len(relevance) == 16 and all(e.count("tool_call") == 1 for e in relevance)  # a call the gate admits
+
+
+def test_one_turn_ends_the_episode_calls_or_not_and_malformed_calls_are_counted(env, gate):
+    entry = next(e for e in env.pools["train"] if e.category == "live_simple" and e.id not in UNWRITABLE)
+    irrelevant = next(e for e in env.pools["train"] if e.category == "live_irrelevance")
+    (want,) = entry.expected
+    ((function, _),) = want.items()
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    right = bfcl_answer(entry)
+    bad_json = Message("assistant", '<tool_call>\n{"name": "x", "arguments": {\n</tool_call>')
+    extra = Message("assistant", "", (ToolCall(right.tool_calls[0].name, {**right.tool_calls[0].arguments, "zzz": 1}),))
+    unknown = Message("assistant", "", (ToolCall("no_such_function", {}),))
+    text = Message("assistant", "Nothing to call.")
+    cases = [(entry.id, right), (entry.id, bad_json), (entry.id, extra), (entry.id, unknown), (irrelevant.id, text)]
+    episodes = run(env, gate, [i for i, _ in cases], [m for _, m in cases])
+    for episode in episodes:  # the prompt, one assistant turn, nothing after it (no tool observation)
+        assert [m.role for m in episode.messages[-2:]] == ["user", "assistant"] and not episode.truncated
+    got = [(components(e), e.count("tool_call"), e.count("invalid_call")) for e in episodes]
+    assert got[0] == ((1, 1, 1, 1, 1), 1, 0)
+    assert got[1] == ((0, 0, 0, 0, 0), 0, 1)  # nothing decoded: no call, and malformed
+    assert got[2][0][0] == 0 and got[2][0][4] == 0 and got[2][1:] == (0, 1)  # the gate refused the unknown parameter
+    assert got[3][0][:2] == (0, 0) and got[3][1:] == (0, 1)
+    assert got[4] == ((1, 1, 1, 1, 1), 0, 0)
+    assert function in {entry.own_names().get(c.name, c.name) for c in right.tool_calls}
+
+
+def test_the_trajectory_is_the_prompt_and_the_sampled_turn_only(env, gate):
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    entry = next(e for e in env.pools["train"] if e.category == "live_parallel")
+    encode, decode = char_codec()
+    answer = bfcl_answer(entry)
+    backend = ScriptedBackend({0: [answer]}, TEMPLATE.render_assistant, encode)
+    with RolloutEngine(env, TEMPLATE, encode, decode, backend, WIDE, gate) as engine:
+        (trajectory,) = engine.run([env.task(entry.id)])
+    turn = TEMPLATE.render_assistant(answer)
+    assert decode(trajectory.token_ids) == TEMPLATE.render_prompt(entry.messages, entry.specs()) + turn
+    assert sum(trajectory.loss_mask) == len(encode(turn)) and trajectory.turn_spans == [(trajectory.prompt_len, len(trajectory.token_ids))]
+    assert trajectory.episode.count("tool_call") == len(answer.tool_calls) > 1
+
+
+def test_cli_sft_rl_and_eval_steps_with_a_tiny_model(tmp_path):
+    """The real commands on two categories: SFT on demonstrations, an RL step, evaluation on the held-out side."""
+    import json
+    from pathlib import Path
+
+    from toolpolicy.cli import main
+
+    smoke = Path(__file__).resolve().parents[1] / "src" / "toolpolicy" / "configs" / "bfcl_multi_turn_smoke.yaml"
+    settings = ["--set", f"run_dir={tmp_path}", "--set", "env=bfcl", "--set", "bfcl_categories=[live_simple, simple_python]"]
+    assert main(["sft", str(smoke), *settings]) == 0
+    assert main(["train", str(smoke), *settings, "--set", f"init_from={tmp_path / 'sft' / 'final'}"]) == 0
+    assert main(["eval", str(smoke), *settings, "--gate", "on"]) == 0
+    summary = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert summary["n"] == 2 and summary["infra_errors"] == 0
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "eval_samples.jsonl").read_text().splitlines()]
+    assert {row["task"]["info"]["category"] for row in rows} == {"simple_python"}
