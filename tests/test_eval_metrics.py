@@ -202,3 +202,15 @@ def test_violations_wrong_writes_and_categories_come_from_the_episode():
     assert list(summary["by_category"]) == ["feasible", "forbidden"]
     assert summary["by_category"]["forbidden"]["accuracy"] == 0.0 and summary["by_category"]["feasible"]["accuracy"] == 1.0
     assert "by_category" not in summarize([EpisodeRecord.from_episode(Episode(Task("c", "x", "1"), []), True, 1)])
+
+
+def test_paired_bootstrap_interval_by_hand() -> None:
+    """Differences [1, 0]: a resample of two items has mean 0 (1/4), 0.5 (1/2) or 1 (1/4), so the
+    95% percentile interval is [0, 1] around the mean 0.5; a constant difference has no spread."""
+    from toolpolicy.eval.metrics import paired_bootstrap
+
+    spread = paired_bootstrap([0, 0], [1, 0], resamples=4000, seed=1)
+    assert spread == {"mean": 0.5, "low": 0.0, "high": 1.0, "n": 2}
+    assert paired_bootstrap([0, 1, 0], [1, 2, 1]) == {"mean": 1.0, "low": 1.0, "high": 1.0, "n": 3}
+    with pytest.raises(ValueError, match="equally long"):
+        paired_bootstrap([0, 1], [1])

@@ -194,3 +194,22 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
             f"{r.task_id} ({r.category or r.difficulty}): {call}" for r in scored for call in r.wrong_write_calls
         ][:WRONG_WRITE_EXAMPLES],
     }
+
+
+def paired_bootstrap(before: list[float], after: list[float], resamples: int = 10_000, seed: int = 0) -> dict[str, float]:
+    """The mean of `after - before` over paired items (the same entries scored twice) and its
+    95% percentile bootstrap interval: the items are resampled with replacement, pairs kept
+    together, so what the two runs share (an entry's difficulty) cancels.
+
+    >>> paired_bootstrap([0, 0, 1, 1], [1, 1, 1, 1], resamples=2000)["mean"]
+    0.5
+    """
+    import numpy as np
+
+    if len(before) != len(after) or not before:
+        raise ValueError(f"paired_bootstrap needs two equally long, non-empty lists (got {len(before)} and {len(after)})")
+    difference = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)  # [N]
+    picks = np.random.default_rng(seed).integers(0, len(difference), size=(resamples, len(difference)))  # [R, N]
+    means = difference[picks].mean(axis=1)  # [R]
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(difference.mean()), "low": float(low), "high": float(high), "n": len(difference)}

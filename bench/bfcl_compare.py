@@ -1,0 +1,55 @@
+"""BFCL scores of several runs of one model side by side, with paired intervals between them.
+
+    python bench/bfcl_compare.py --out bench/results/bfcl_smollm2.json \\
+        base=runs/smollm2-bfcl-base/eval/bfcl_v4_results.jsonl sft=runs/smollm2-bfcl/eval/bfcl_v4_results.jsonl
+
+Each NAME=FILE is the per-entry results file `toolpolicy eval CONFIG --bfcl v4` writes. The
+output holds, per run, the accuracy of each category and BFCL's summaries (`bfcl_scores`:
+the official checker's verdict, through the matcher that agrees with it on every case
+tried), and for each run after the first the paired bootstrap 95% interval of its
+accuracy minus the previous run's, over the entries both scored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from result_file import write_result  # bench/ is on the path of a script run from it
+
+from toolpolicy.eval.bfcl import summarize_bfcl
+from toolpolicy.eval.bfcl_v4 import bfcl_scores
+from toolpolicy.eval.metrics import paired_bootstrap
+from toolpolicy.jsonl import read_objects
+
+
+def scores(rows: list[dict]) -> dict:
+    summary = summarize_bfcl(rows)
+    by_category = {name: {"n": row["n"], "accuracy": row["accuracy"]} for name, row in summary["by_category"].items()}
+    return {"n": summary["n"], "accuracy": summary["accuracy"], "by_category": by_category, "bfcl": bfcl_scores(summary["by_category"])}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="NAME=FILE")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    runs = {name: {row["id"]: row for _, row in read_objects(Path(file), ValueError)} for name, file in (r.split("=", 1) for r in args.runs)}
+    result: dict = {"runs": {name: scores(list(rows.values())) for name, rows in runs.items()}, "differences": {}}
+    names = list(runs)
+    for before, after in zip(names, names[1:]):
+        shared = sorted(set(runs[before]) & set(runs[after]))
+        a, b = ([float(runs[n][i]["ok"]) for i in shared] for n in (before, after))
+        result["differences"][f"{after} - {before}"] = paired_bootstrap(a, b)
+    write_result(args.out, result)
+    for name, run in result["runs"].items():
+        print(f"{name:<8} all {run['accuracy'] * 100:5.1f}%  " + "  ".join(f"{c} {r['accuracy'] * 100:.0f}%" for c, r in run["by_category"].items()))
+    for pair, d in result["differences"].items():
+        print(f"{pair}: {d['mean'] * 100:+.1f} points, 95% interval [{d['low'] * 100:+.1f}, {d['high'] * 100:+.1f}] over {d['n']} entries")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
