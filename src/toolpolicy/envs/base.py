@@ -21,6 +21,8 @@ of one answer and have no backends to run them on.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from toolpolicy.tools import ToolSet
@@ -98,3 +100,15 @@ def listed_specs(env: Env, task: Task) -> list[ToolSpec]:
 def opening(system_prompt: str, task: Task) -> list[Message]:
     """The usual start of an episode: the system prompt and the task as a user turn."""
     return [Message("system", system_prompt), Message("user", task.prompt)]
+
+
+def cycled_draw(pool: Sequence[str], n: int, key: str) -> list[str]:
+    """`n` ids from `pool`, as passes of fresh shuffles of all of it (seeded by `key`): each
+    id is drawn once per pass, and a draw past the pool's size starts the next pass."""
+    if not pool:
+        raise ValueError(f"cycled_draw: no ids to draw from ({key})")
+    rng = random.Random(key)
+    chosen: list[str] = []
+    while len(chosen) < n:
+        chosen.extend(rng.sample(list(pool), len(pool)))
+    return chosen[:n]

@@ -44,7 +44,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from toolpolicy.envs.base import opening
+from toolpolicy.envs.base import cycled_draw, opening
 from toolpolicy.envs.bfcl.backends import (
     accepted_arguments, fresh_instances, method_owners, parse_call, run_method, tool_spec,
 )
@@ -225,11 +225,7 @@ class BfclMultiTurnEnv:
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}: use 'train' or 'eval'")
         pool = sorted(entry_id for entry_id in self.entries if split_of(entry_id) == split)
-        rng = random.Random(f"bfcl_multi_turn/{split}/{seed}")
-        chosen: list[str] = []
-        while len(chosen) < n:
-            chosen.extend(rng.sample(pool, len(pool)))
-        return [self.task(entry_id) for entry_id in chosen[:n]]
+        return [self.task(entry_id) for entry_id in cycled_draw(pool, n, f"bfcl_multi_turn/{split}/{seed}")]
 
     def task(self, entry_id: str) -> Task:
         """The task of one entry, by its BFCL id."""

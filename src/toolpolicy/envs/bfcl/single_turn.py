@@ -68,13 +68,13 @@ value, a parameter the function does not take).
 
 from __future__ import annotations
 
-import random
 import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any
 
+from toolpolicy.envs.base import cycled_draw
 from toolpolicy.envs.bfcl.single_data import CATEGORIES, Entry, known_categories, load_v4, shown_name
 from toolpolicy.tools import ToolSet
 from toolpolicy.tools.schema_tool import schema_tool
@@ -287,11 +287,7 @@ class BfclEnv:
         pool = sorted(e.id for e in self.pools[SPLITS[split]])
         if not pool:
             raise ValueError(f"no {split} entries among categories {list(self.categories)}: train is the live ones, eval the others")
-        rng = random.Random(f"bfcl/{SPLITS[split]}/{seed}")
-        chosen: list[str] = []
-        while len(chosen) < n:
-            chosen.extend(rng.sample(pool, len(pool)))
-        return [self.task(entry_id) for entry_id in chosen[:n]]
+        return [self.task(entry_id) for entry_id in cycled_draw(pool, n, f"bfcl/{SPLITS[split]}/{seed}")]
 
     def task(self, entry_id: str) -> Task:
         """The task of one entry, by its BFCL id."""
