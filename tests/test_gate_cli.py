@@ -25,6 +25,20 @@ def test_gate_check_prints_the_decision_and_exits_by_effect(capsys):
     assert "--args" in capsys.readouterr().err
 
 
+def test_gate_check_of_another_environments_tool_says_to_give_env_or_tools(capsys):
+    hotel = ROOT / "src" / "toolpolicy" / "envs" / "hotel" / "policy.yaml"
+    call = ["--tool", "cancel", "--args", '{"booking_id": "B1"}']
+    assert main(["gate", "check", str(POLICIES / "workspace.yaml"), *call]) == 2  # calc's tools, the default
+    err = capsys.readouterr().err
+    assert "--tool cancel: environment 'calc' (--env, default calc) has no tool of that name" in err
+    assert "give --env ENV" in err and "--tools FILE" in err
+    calculator = ["--tool", "calculator", "--args", '{"expression": "1+1"}']
+    assert main(["gate", "check", str(hotel), *calculator]) == 2  # the policy names hotel's tools: calc has none
+    assert "the tools came from environment 'calc'" in capsys.readouterr().err
+    assert main(["gate", "check", str(hotel), "--env", "hotel", *call]) in (0, 1)
+    assert '"effect"' in capsys.readouterr().out
+
+
 def test_gate_check_resolves_symlinks_in_the_work_folder_it_is_given(tmp_path: Path, capsys):
     """A name that is a symlink out of the folder passes a check by spelling alone; with
     --work-folder the check sees the folder on disk as the tools would, and denies it."""

@@ -174,19 +174,44 @@ def test_ledger_records_history_counts_and_errors() -> None:
         ledger.record(read("/work/a"), "maybe")  # type: ignore[arg-type]
 
 
-def test_denied_calls_count_toward_max_calls() -> None:
-    """A model may not probe the policy without end: each denial uses up the tool's budget
-    and the episode's, as a call that ran does."""
+def test_max_calls_counts_calls_that_ran_and_max_denials_counts_denials() -> None:
+    """"may run at most 2 times" means ran: denied calls do not use up max_calls. They
+    have a budget of their own, max_denials, so the policy cannot be probed without end."""
     g, ledger = gate(), Ledger()
     for _ in range(2):
         ledger.record(read("/etc/passwd"), "denied")
-    assert ledger.attempts("read_file") == 2 and ledger.counts == {} and ledger.denials == {"read_file": 2}
-    assert g.decide(read("/work/a"), ledger).rule_ids == ("limit:max_calls:read_file",)
+    assert ledger.counts == {} and ledger.denials == {"read_file": 2} and ledger.total_denials == 2
+    assert g.decide(read("/work/a"), ledger).allowed  # no max_denials in POLICY: nothing caps denials
     ledger = Ledger(facts={"verified": True})
     for _ in range(5):
         ledger.record(ToolCall("search", {"query": "x", "limit": 999}), "denied")
-    assert ledger.total_attempts == 5 and ledger.total_calls == 0
-    assert g.decide(read("/work/a"), ledger).rule_ids == ("limit:max_calls:*",)
+    assert g.decide(read("/work/a"), ledger).allowed
+
+    capped = Gate(Policy.from_yaml(POLICY.replace("limits:\n", "limits:\n  max_denials: {read_file: 2, '*': 3}\n"), "t.yaml"), SPECS)
+    ledger = Ledger(facts={"verified": True})
+    for _ in range(2):
+        ledger.record(read("/etc/passwd"), "denied")
+    over = capped.decide(read("/work/a"), ledger)
+    assert over.rule_ids == ("limit:max_denials:read_file",) and "denied 2 times" in over.observation()
+    assert capped.decide(ToolCall("search", {"query": "x"}), ledger).allowed
+    ledger.record(ToolCall("search", {"query": "x", "limit": 999}), "denied")
+    assert capped.decide(ToolCall("search", {"query": "x"}), ledger).rule_ids == ("limit:max_denials:*",)
+
+
+def test_a_rule_that_forbids_a_call_is_named_rather_than_a_limit() -> None:
+    """Issue 33: after one allowed and one denied call, a third call that a rule forbids
+    was refused with "read_file may run at most 2 times", hiding the rule."""
+    g, ledger = gate(), Ledger()
+    for call in (read("/work/a"), read("/work/../etc/passwd")):
+        decision = g.decide(call, ledger)
+        ledger.record(call, "ok" if decision.allowed else "denied")
+    third = g.decide(read("/work/../etc/shadow"), ledger)
+    assert (third.effect, third.rule_ids) == ("deny", ("no-dotdot",))
+    assert third.observation().startswith("Tool call denied by policy (rule no-dotdot): paths may not contain '..'.")
+    assert g.decide(read("/work/b"), ledger).allowed  # one read has run of the two allowed
+    ledger.record(read("/work/b"), "ok")
+    assert g.decide(read("/work/../x"), ledger).rule_ids == ("no-dotdot",)  # the rule, even past the limit
+    assert g.decide(read("/work/c"), ledger).rule_ids == ("limit:max_calls:read_file",)
 
 
 def test_the_ledger_keeps_summaries_not_the_episode() -> None:

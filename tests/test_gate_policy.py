@@ -7,13 +7,14 @@ import contextlib
 import textwrap
 from pathlib import Path
 
+import cel
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toolpolicy.gate import Gate, Policy, PolicyError
-from toolpolicy.gate.policy import CEL_FUNCTIONS, MAX_CONDITION_CHARS
+from toolpolicy.gate.policy import CEL_FUNCTIONS, MAX_CONDITION_CHARS, clip
 from toolpolicy.types import ToolSpec
 
 WORKSPACE = Path(__file__).resolve().parents[1] / "examples" / "policies" / "workspace.yaml"
@@ -115,6 +116,22 @@ def test_all_problems_are_reported_at_once() -> None:
     problems = problems_of(text)
     assert len(problems) == 3, problems
     assert any("rule 'a'" in p for p in problems) and any("rule 'b'" in p and "reason" in p for p in problems)
+
+
+def test_long_messages_are_cut_between_words() -> None:
+    assert clip("short enough", 12) == "short enough"
+    assert clip("expecting {STRING, BYTES, IDENTIFIER}", 30) == "expecting {STRING, BYTES, ..."  # 29 characters
+    assert clip("x" * 50, 20) == "x" * 16 + " ..."  # one long word: cut where the limit falls
+    when = "args.path.startsWith('/tmp') && (args.size > 10 || args.name == '" + "x" * 22 + "' ||"
+    with pytest.raises(PolicyError) as error:
+        Policy.from_dict({"rules": [{"id": "r", "effect": "permit", "tools": "*", "when": when}]})
+    detail = str(error.value).split("when does not compile as CEL: ", 1)[1]
+    with pytest.raises(ValueError) as compiled:
+        cel.compile(when)
+    whole = " ".join(str(compiled.value).split())  # the binding's message, longer than 300 characters
+    assert len(detail) <= 300 and detail.endswith(" ...")
+    kept = detail.removesuffix(" ...")
+    assert whole.startswith(kept + " "), (kept, whole)  # cut at a space, not inside a word
 
 
 def test_load_names_the_file(tmp_path: Path) -> None:

@@ -184,18 +184,23 @@ class PolicySpec:
     rules: tuple[RuleSpec, ...]
     max_calls: tuple[tuple[str, int], ...] = ()
     max_errors: tuple[tuple[str, int], ...] = ()
+    max_denials: tuple[tuple[str, int], ...] = ()
 
     def build(self) -> Policy:
         return Policy.from_dict(
             {
                 "default": self.default,
                 "rules": [rule.to_dict() for rule in self.rules],
-                "limits": {"max_calls": dict(self.max_calls), "max_consecutive_errors": dict(self.max_errors)},
+                "limits": {
+                    "max_calls": dict(self.max_calls),
+                    "max_consecutive_errors": dict(self.max_errors),
+                    "max_denials": dict(self.max_denials),
+                },
             }
         )
 
     def with_rules(self, rules: tuple[RuleSpec, ...]) -> PolicySpec:
-        return PolicySpec(self.default, rules, self.max_calls, self.max_errors)
+        return PolicySpec(self.default, rules, self.max_calls, self.max_errors, self.max_denials)
 
 
 def random_policy(rng: random.Random) -> PolicySpec:
@@ -208,7 +213,8 @@ def random_policy(rng: random.Random) -> PolicySpec:
     limit_names = (*TOOLS, "*")
     max_calls = tuple((name, rng.randint(0, 3)) for name in rng.sample(limit_names, rng.randint(0, 2)))
     max_errors = tuple((name, rng.randint(1, 2)) for name in rng.sample(limit_names, rng.randint(0, 2)))
-    return PolicySpec(rng.choice(("allow", "deny")), tuple(rules), max_calls, max_errors)
+    max_denials = tuple((name, rng.randint(0, 2)) for name in rng.sample(limit_names, rng.randint(0, 1)))
+    return PolicySpec(rng.choice(("allow", "deny")), tuple(rules), max_calls, max_errors, max_denials)
 
 
 def random_args(rng: random.Random) -> dict[str, Any]:
@@ -270,9 +276,10 @@ def reference(
     counts: dict[str, int] = {}
     for c, _ in ran:
         counts[c.name] = counts.get(c.name, 0) + 1
-    attempts: dict[str, int] = {}  # what max_calls limits: denied calls count too
-    for c, _ in history:
-        attempts[c.name] = attempts.get(c.name, 0) + 1
+    denied: dict[str, int] = {}  # what max_denials limits; max_calls limits counts (calls that ran)
+    for c, o in history:
+        if o == "denied":
+            denied[c.name] = denied.get(c.name, 0) + 1
 
     def trailing_errors(entries: list[tuple[ToolCall, str]]) -> int:
         n = 0
@@ -281,19 +288,6 @@ def reference(
                 break
             n += 1
         return n
-
-    hits = []
-    calls_cap, errors_cap = dict(policy.max_calls), dict(policy.max_errors)
-    if call.name in calls_cap and attempts.get(call.name, 0) >= calls_cap[call.name]:
-        hits.append(f"limit:max_calls:{call.name}")
-    if "*" in calls_cap and len(history) >= calls_cap["*"]:
-        hits.append("limit:max_calls:*")
-    if call.name in errors_cap and trailing_errors([e for e in ran if e[0].name == call.name]) >= errors_cap[call.name]:
-        hits.append(f"limit:max_consecutive_errors:{call.name}")
-    if "*" in errors_cap and trailing_errors(ran) >= errors_cap["*"]:
-        hits.append("limit:max_consecutive_errors:*")
-    if hits:
-        return "deny", tuple(hits)
 
     ctx = {
         "tool": call.name,
@@ -308,8 +302,26 @@ def reference(
             continue
         results.append((rule, True if rule.condition is None else value(rule.condition, ctx)))
     forbids = [r.id for r, v in results if r.effect == "forbid" and v is not False]
-    if forbids:
+    if forbids:  # a forbid rule is named before any limit the call also reaches
         return "deny", tuple(forbids)
+
+    hits = []
+    calls_cap, errors_cap, denials_cap = dict(policy.max_calls), dict(policy.max_errors), dict(policy.max_denials)
+    if call.name in calls_cap and counts.get(call.name, 0) >= calls_cap[call.name]:
+        hits.append(f"limit:max_calls:{call.name}")
+    if "*" in calls_cap and len(ran) >= calls_cap["*"]:
+        hits.append("limit:max_calls:*")
+    if call.name in denials_cap and denied.get(call.name, 0) >= denials_cap[call.name]:
+        hits.append(f"limit:max_denials:{call.name}")
+    if "*" in denials_cap and len(history) - len(ran) >= denials_cap["*"]:
+        hits.append("limit:max_denials:*")
+    if call.name in errors_cap and trailing_errors([e for e in ran if e[0].name == call.name]) >= errors_cap[call.name]:
+        hits.append(f"limit:max_consecutive_errors:{call.name}")
+    if "*" in errors_cap and trailing_errors(ran) >= errors_cap["*"]:
+        hits.append("limit:max_consecutive_errors:*")
+    if hits:
+        return "deny", tuple(hits)
+
     failed_asks = [r.id for r, v in results if r.effect == "ask" and v is ERR]
     if failed_asks:
         return "deny", tuple(failed_asks)

@@ -93,6 +93,25 @@ def test_export_merge_writes_a_model_transformers_loads(lora_run: Path, tmp_path
     assert PolicyModel.load(out).stop_ids == policy.stop_ids  # tokenizer and template came along
 
 
+def test_an_adapter_exported_in_bfloat16_is_half_the_size_and_loads_as_float32(lora_run: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "adapter"
+    assert main(["export", str(lora_run), "--dtype", "bfloat16", "--out", str(out)]) == 0
+    full = load_file(lora_run / "rl" / "final" / "adapter_model.safetensors")
+    half = load_file(out / "adapter_model.safetensors")
+    assert {t.dtype for t in full.values()} == {torch.float32} and {t.dtype for t in half.values()} == {torch.bfloat16}
+    assert all(torch.equal(half[name], tensor.to(torch.bfloat16)) for name, tensor in full.items())
+    sizes = [(folder / "adapter_model.safetensors").stat().st_size for folder in (lora_run / "rl" / "final", out)]
+    assert sizes[1] < 0.55 * sizes[0]
+    loaded = PolicyModel.load(out)
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}  # the run's precision, not the file's
+    ids = torch.tensor([loaded.encode("Compute 12*7 with the calculator.")])
+    original = PolicyModel.load(lora_run / "rl" / "final")
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(input_ids=ids).logits, original.model(input_ids=ids).logits, atol=0.05)
+
+
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("bfloat16", 0.05)])
 def test_sampler_and_trainer_agree_in_each_precision(dtype: str, tolerance: float) -> None:
     """The KV-cache sampler and the trainer's full forward, both under the same autocast,

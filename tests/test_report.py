@@ -151,6 +151,21 @@ def test_malformed_metrics_line_names_file_and_line(run_dir: Path):
         write_report(run_dir)
 
 
+def test_reporting_a_folder_that_is_no_run_says_so_and_what_to_run(tmp_path: Path, capsys):
+    from toolpolicy.cli import main
+
+    missing = tmp_path / "nope"
+    assert main(["report", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert f"{missing}: no such run folder" in err and f"toolpolicy demo --set run_dir={missing}" in err
+    assert "Errno" not in err and not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["report", str(empty)]) == 1
+    assert f"{empty}: no metrics.jsonl, config.yaml or eval results to report" in capsys.readouterr().err
+    assert not (empty / "report.html").exists()
+
+
 def test_format_comparison_rows_and_changes():
     table = format_comparison(SFT_EVAL, RL_EVAL)
     lines = {line.split("  ")[0].strip(): line.split() for line in table.splitlines()[2:]}

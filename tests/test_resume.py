@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from toolpolicy.cli import main
 from toolpolicy.gate import verify
 from toolpolicy.model.files import CheckpointError
-from toolpolicy.trainer.checkpoint import STATE_FILE, checkpoint_dirs, latest_checkpoint, save_checkpoint
+from toolpolicy.trainer.checkpoint import STATE_FILE, checkpoint_dirs, latest_checkpoint, resume_from, save_checkpoint
 
 from conftest import SMOKE
 from test_bad_files import cut, damage_pickle
@@ -182,6 +182,13 @@ def two_checkpoints(tmp_path: Path) -> Path:
     for step in (2, 4):
         save_checkpoint(phase_dir, step, model, tokenizer, optimizer, scheduler, torch.Generator(), keep=2)
     return phase_dir
+
+
+def test_a_resume_says_the_step_it_starts_from(two_checkpoints: Path, tmp_path: Path, capsys):
+    assert resume_from(two_checkpoints) == two_checkpoints / "checkpoints" / "step_000004"
+    assert capsys.readouterr().err == f"resuming {two_checkpoints.parent} from step 4\n"
+    assert resume_from(tmp_path / "run" / "sft") is None
+    assert capsys.readouterr().err == f"resuming {tmp_path / 'run'} from step 0: sft has no checkpoint yet\n"
 
 
 NEWEST_DAMAGE = {

@@ -5,6 +5,7 @@ leaves its run folder (config, metrics, checkpoints) whole."""
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,15 +24,6 @@ from conftest import SMOKE
 # Scored on the answer alone: the format terms of calc's default Rubric would vary
 # with an untrained model's random tool-call tokens and give its groups a signal.
 ANSWER_ONLY = "rewards={correct_answer: 1.0}"
-
-
-@pytest.fixture(scope="module")
-def untrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A freshly initialised embedded model (SFT of 0 steps): it never answers correctly."""
-    run_dir = tmp_path_factory.mktemp("untrained")
-    tiny = ["--set", "sft_steps=0", "--set", "sft_examples=1", "--set", "tokenizer_texts=50"]
-    assert main(["sft", str(SMOKE), *tiny, "--set", f"run_dir={run_dir}"]) == 0
-    return run_dir / "sft" / "final"
 
 
 def _settings(untrained: Path, run_dir: Path, *overrides: str) -> list[str]:
@@ -71,6 +63,28 @@ def test_a_step_with_a_signal_starts_the_count_again(untrained: Path, tmp_path: 
         train_rl(cfg, prepare_run_dir(cfg))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["signal_groups"] > 0 for r in rows] == [False, True, False, False]  # idle 1, 0, 1, 2: stop
+
+
+def test_a_step_that_trains_nothing_leaves_the_lr_schedule_where_it_is(untrained: Path, tmp_path: Path, monkeypatch) -> None:
+    """The warm-up counts optimizer steps. Stepping the schedule on a step that took none would
+    also make torch warn "lr_scheduler.step() before optimizer.step()" on every such run."""
+    sampled = rl.sample_groups
+
+    def groups_from_step_2(pool, rubric, credit, sampling, step: int, first=None) -> rl.StepRollouts:
+        rollouts = sampled(pool, rubric, credit, sampling, step, first)
+        kept = step >= 1  # steps count from 0 here, from 1 in the metrics
+        return replace(rollouts, signal=torch.full_like(rollouts.signal, kept), groups=torch.full_like(rollouts.groups, kept))
+
+    monkeypatch.setattr(rl, "sample_groups", groups_from_step_2)
+    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl_steps=3", "max_idle_steps=0", "rl_warmup_steps=4"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_rl(cfg, prepare_run_dir(cfg))
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # Warm-up factor (optimizer steps taken + 1) / 4: step 1 takes none, steps 2 and 3 one each.
+    assert [r["trained_episodes"] > 0 for r in rows] == [False, True, True]
+    assert [r["lr"] for r in rows] == pytest.approx([cfg.rl_lr / 4, cfg.rl_lr / 4, cfg.rl_lr / 2])
 
 
 def test_the_cli_reports_a_stall_in_one_line_and_zero_turns_the_stop_off(untrained: Path, tmp_path: Path, capsys) -> None:

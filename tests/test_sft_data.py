@@ -43,7 +43,7 @@ def test_exported_demonstrations_read_back_as_the_very_same_tokens_and_mask(calc
     tools = build_env(cfg).tools.specs()
     path = tmp_path / "demos.jsonl"
     assert export_episodes(((demonstrator_dialogue(d, s), tools) for d, s in zip(demos, scripts)), path) == len(demos)
-    back = data_examples(path, policy.chat, policy.encode, episode_limits(cfg))
+    back = data_examples(path, policy.chat, policy.encode, episode_limits(cfg), build_env(cfg))
     assert [t.token_ids for t in back] == [d.token_ids for d in demos]
     assert [t.loss_mask for t in back] == [d.loss_mask for d in demos]
     assert [t.turn_spans for t in back] == [d.turn_spans for d in demos]
@@ -54,7 +54,7 @@ def test_tool_results_are_masked_and_assistant_turns_trained(calc, tmp_path):
     called = next(d for d in demos if d.episode.count("tool_call") and not d.episode.truncated)
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps(chat_record(called.episode.messages, build_env(cfg).tools.specs())) + "\n")
-    (example,) = data_examples(path, policy.chat, policy.encode, episode_limits(cfg))
+    (example,) = data_examples(path, policy.chat, policy.encode, episode_limits(cfg), build_env(cfg))
     runs = [  # the text of each stretch of trained tokens
         policy.decode([i for i, _ in stretch])
         for sampled, stretch in itertools.groupby(zip(example.token_ids, example.loss_mask), key=lambda pair: pair[1])
@@ -117,6 +117,70 @@ def test_a_bad_record_stops_the_run_naming_its_file_line_and_field(tmp_path, bad
         load_conversations(path)
 
 
+def _examples(tmp_path, records: list[dict], env=None):
+    """The SFT examples of `records` (lines 1, 2, ... of data.jsonl) against `env` (calc)."""
+    from toolpolicy.envs import CalcEnv
+    from toolpolicy.model import char_codec, make_template
+
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    encode, _ = char_codec()
+    return data_examples(path, make_template(compact=True), encode, Limits(max_tokens=4000, max_turn_tokens=400), env or CalcEnv())
+
+
+def _calc_tools() -> list[dict]:
+    return [spec.to_openai() for spec in build_env(load_config(ROOT / "src/toolpolicy/configs/demo.yaml")).tools.specs()]
+
+
+def test_a_call_to_a_tool_the_record_does_not_offer_stops_the_run_naming_file_line_and_field(tmp_path):
+    offered = _with(["tools"], _calc_tools())
+    search = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    bad = _with(["messages", 1, "tool_calls"], [offered["messages"][1]["tool_calls"][0], search])
+    bad["tools"] = offered["tools"]
+    with pytest.raises(SftDataError, match=r"data.jsonl:2: messages\[1\].tool_calls\[1\].function.name: calls 'search', "
+                                           r"a tool the record does not offer \(it offers calculator\)$"):
+        _examples(tmp_path, [offered, bad])
+    no_tools = _with(["messages", 1, "tool_calls"], [search])
+    del no_tools["tools"]  # shown the environment's tools, which do not have it either
+    with pytest.raises(SftDataError, match=r"data.jsonl:1: messages\[1\].tool_calls\[0\].function.name: calls 'search'"):
+        _examples(tmp_path, [no_tools])
+
+
+def test_a_record_without_tools_is_shown_the_environments_with_a_one_line_warning(tmp_path, capsys):
+    offered = _with(["tools"], _calc_tools())
+    bare = _with(["tools"], None)
+    examples = _examples(tmp_path, [offered, bare, bare])
+    assert examples[1].token_ids == examples[2].token_ids == examples[0].token_ids  # the prompt RL and eval show
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"warning: sft_data: 2 of 3 records have no 'tools' (first: {tmp_path / 'data.jsonl'}:2): they are shown "
+                    "the environment's (calculator), as in RL and eval")
+    from toolpolicy.envs import CalcEnv
+
+    class PerTaskTools(CalcEnv):  # each task shows its own tools (bfcl): nothing to fill in
+        def task_specs(self, task):
+            return []
+
+    with pytest.raises(SftDataError, match=r"data.jsonl:2: tools: missing; environment 'calc' shows each task its own tools"):
+        _examples(tmp_path, [offered, bare], PerTaskTools())
+
+
+def test_a_record_whose_tools_differ_from_the_environments_trains_with_a_one_line_warning(tmp_path, capsys):
+    offered = _with(["tools"], _calc_tools())
+    other = _with(["tools"], [{"type": "function", "function": {"name": "convert", "description": "Convert."}}])
+    other["messages"] = other["messages"][:1] + [{"role": "assistant", "content": "Answer: 5"}]
+    reworded = _with(["tools"], _calc_tools())
+    reworded["tools"][0]["function"]["description"] = "Compute."
+    assert len(_examples(tmp_path, [offered, other, reworded, other])) == 4
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"warning: sft_data: 3 of 4 records list other tools than the environment's, so their prompts differ "
+                    f"from RL's and eval's (first: {tmp_path / 'data.jsonl'}:2: tools: lists convert and lacks calculator "
+                    "(the environment's: calculator))")
+    _examples(tmp_path, [reworded])
+    assert "data.jsonl:1: tools: calculator: description or parameters differ" in capsys.readouterr().err
+    _examples(tmp_path, [offered])
+    assert capsys.readouterr().err == ""
+
+
 def test_missing_empty_and_unknown_files_are_errors(tmp_path):
     with pytest.raises(SftDataError, match="does not exist"):
         load_conversations(tmp_path / "nothing.jsonl")
@@ -139,10 +203,11 @@ def test_a_local_datasets_folder_and_parquet_file_read_as_the_jsonl(calc, tmp_pa
     table.save_to_disk(str(tmp_path / "folder"))
     datasets.DatasetDict({"train": table}).save_to_disk(str(tmp_path / "splits"))
     table.to_parquet(str(tmp_path / "d.parquet"))
-    expected = [t.token_ids for t in data_examples(jsonl, policy.chat, policy.encode, episode_limits(cfg))]
+    env = build_env(cfg)
+    expected = [t.token_ids for t in data_examples(jsonl, policy.chat, policy.encode, episode_limits(cfg), env)]
     assert expected == [d.token_ids for d in demos[:40]]
     for source in ("folder", "splits", "d.parquet"):
-        read = data_examples(tmp_path / source, policy.chat, policy.encode, episode_limits(cfg))
+        read = data_examples(tmp_path / source, policy.chat, policy.encode, episode_limits(cfg), env)
         assert [t.token_ids for t in read] == expected, source
     broken = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}]}] * 2)
     broken.save_to_disk(str(tmp_path / "broken"))
@@ -151,11 +216,12 @@ def test_a_local_datasets_folder_and_parquet_file_read_as_the_jsonl(calc, tmp_pa
 
 
 def test_a_conversation_longer_than_the_budget_is_cut_where_a_rollout_would_be(calc, tmp_path):
-    _, policy, _, _ = calc
+    cfg, policy, _, _ = calc
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps(GOOD) + "\n")
-    whole = data_examples(path, policy.chat, policy.encode, Limits(max_turns=4, max_tokens=500, max_turn_tokens=100))[0]
-    one_turn = data_examples(path, policy.chat, policy.encode, Limits(max_turns=1, max_tokens=500, max_turn_tokens=100))[0]
+    env = build_env(cfg)
+    whole = data_examples(path, policy.chat, policy.encode, Limits(max_turns=4, max_tokens=500, max_turn_tokens=100), env)[0]
+    one_turn = data_examples(path, policy.chat, policy.encode, Limits(max_turns=1, max_tokens=500, max_turn_tokens=100), env)[0]
     assert len(whole.turn_spans) == 2 and not whole.episode.truncated
     assert len(one_turn.turn_spans) == 1 and one_turn.episode.truncated
     assert one_turn.token_ids == whole.token_ids[: len(one_turn.token_ids)]
@@ -164,17 +230,23 @@ def test_a_conversation_longer_than_the_budget_is_cut_where_a_rollout_would_be(c
 def test_the_tutorial_environment_trains_and_evaluates_through_the_cli_alone(tmp_path, monkeypatch):
     """examples/adder by import path: SFT from sft.jsonl, RL and evaluation under its policy
     file (`toolpolicy demo` runs the three), its own reward function reported by name, and
-    the run's successful episodes exported and read back as SFT data."""
+    the run's successful episodes exported and read back as SFT data. The tutorial's own
+    run takes minutes; this one is cut to 80 SFT steps, 2 RL steps and 8 held-out episodes."""
     run = tmp_path / "adder"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "examples")]), "OMP_NUM_THREADS": "1"}
+    short = ["sft_steps=80", "rl_steps=2", "prompts_per_step=2", "group_size=2", "eval_tasks=4", "eval_samples=2"]
     done = subprocess.run(
         [sys.executable, "-m", "toolpolicy", "demo", "--config", "examples/adder/adder.yaml",
-         "--set", f"run_dir={run}", "--set", "threads=1", "--set", "cold_start="],
+         "--set", f"run_dir={run}", "--set", "threads=1", "--set", "cold_start=",
+         *(arg for kv in short for arg in ("--set", kv))],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {row["phase"] for row in rows} == {"sft", "rl"}
+    sft_loss = [row["loss"] for row in rows if row["phase"] == "sft"]
+    assert len(sft_loss) == 80 and sft_loss[-1] < sft_loss[0] / 4  # from about 5.8 to under 1: the records' format is learnt
+    assert (run / "sft" / "final").is_dir() and (run / "rl" / "final").is_dir()
     assert all("rewards/used_add" in row for row in rows if row["phase"] == "rl")
     after = json.loads((run / "eval" / "rl.json").read_text())
     assert set(after["rewards"]) == {"correct_answer", "used_add"}

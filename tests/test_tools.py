@@ -294,18 +294,17 @@ def broken(kind: Literal["attribute", "value", "unprintable"]) -> str:
 def test_a_bug_inside_a_tool_is_an_infra_error_naming_the_tool_and_exception() -> None:
     tools = ToolSet([convert, broken])
     assert tools.call(ToolCall("convert", {"amount": 2, "currency": "USD"})) == ToolResult("2.0")
+    fix = "(raise toolpolicy.tools.ToolError to show the model the message)"
     assert tools.call(ToolCall("convert", {"amount": 2, "currency": "EUR"})) == ToolResult(
-        "Internal error in tool 'convert': KeyError: 'EUR'. This is a fault in the tool, not in the call.", "infra"
+        f"tool 'convert' raised KeyError: 'EUR' {fix}", "exception"
     )
     attribute = tools.call(ToolCall("broken", {"kind": "attribute"}))
-    assert attribute.error == "infra" and attribute.content.startswith("Internal error in tool 'broken': AttributeError: ")
+    assert attribute.error == "exception" and attribute.content.startswith("tool 'broken' raised AttributeError: ")
     value = tools.call(ToolCall("broken", {"kind": "value"}))
-    assert value.error == "infra" and value.content.startswith("Internal error in tool 'broken': ValueError: ")
+    assert value.error == "exception" and value.content.startswith("tool 'broken' raised ValueError: ")
+    assert value.content.endswith(fix)
     unprintable = tools.call(ToolCall("broken", {"kind": "unprintable"}))
-    assert unprintable == ToolResult(
-        "Internal error in tool 'broken': Unprintable: <unprintable error>. This is a fault in the tool, not in the call.",
-        "infra",
-    )
+    assert unprintable == ToolResult(f"tool 'broken' raised Unprintable: <unprintable error> {fix}", "exception")
     assert doctest.testmod(toolpolicy.tools.toolset).failed == 0
 
 

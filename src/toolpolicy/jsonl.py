@@ -2,7 +2,7 @@
 
 Run logs, BFCL question and answer files and search corpora are all JSONL; they
 share this reader so that a broken line reads the same everywhere:
-`runs/demo/metrics.jsonl:12: not valid JSON (Expecting value at column 1)`.
+`runs/demo/metrics.jsonl:12: not valid JSON (Expecting value at column 50)`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def read_objects(path: Path, error: type[Exception]) -> Iterator[tuple[str, dict
             if not line.strip():
                 continue
             where = f"{path}:{number}"
-            yield where, json_object(json_value(line, where, error), where, error)
+            # Without its line end: a line cut short is then reported where it stops, not at
+            # "column 1" of a line after it.
+            yield where, json_object(json_value(line.rstrip("\r\n"), where, error), where, error)
 
 
 def json_value(text: str, where: str, error: type[Exception]) -> Any:

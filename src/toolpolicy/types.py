@@ -91,14 +91,16 @@ class ToolSpec:
         }
 
 
-ErrorKind = Literal["unknown_tool", "invalid_arguments", "tool_error", "timeout", "denied", "infra"]
+ErrorKind = Literal["unknown_tool", "invalid_arguments", "tool_error", "timeout", "denied", "infra", "exception"]
 
 
 @dataclass(frozen=True)
 class ToolResult:
     """What a tool call produced. `error` is None on success; otherwise it says whose
     fault the failure was: the model's ("unknown_tool", "invalid_arguments",
-    "tool_error", "denied") or the machine's ("timeout", "infra").
+    "tool_error", "denied") or the machine's ("timeout", "infra", and "exception":
+    the tool raised something other than ToolError, `content` naming the tool and the
+    exception).
 
     `facts` are what the call established for the rest of the episode (e.g.
     {"user_verified": True}); the rollout engine adds them to the episode ledger,

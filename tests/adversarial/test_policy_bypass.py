@@ -216,13 +216,13 @@ def _run_workspace(gate: Gate, ledger: Ledger, tool: str, arguments: dict[str, A
     return admission.decision
 
 
-def test_denied_calls_use_up_the_call_budget(folder: Path) -> None:
-    """100 denied reads (the "*" budget) leave no room for one more call of any kind."""
+def test_denied_calls_use_up_the_denial_budget(folder: Path) -> None:
+    """100 denied reads (the "*" max_denials) leave no room for one more call of any kind."""
     gate, ledger = workspace_gate(folder), Ledger()
     for k in range(100):
         assert not _run_workspace(gate, ledger, "read_file", {"path": f"../secret-{k}"}).allowed
     late = _run_workspace(gate, ledger, "read_file", {"path": "notes.txt"})
-    assert late.rule_ids == ("limit:max_calls:*",)
+    assert late.rule_ids == ("limit:max_denials:*",)
 
 
 def test_alternating_tools_does_not_reset_a_retry_budget(folder: Path) -> None:
@@ -445,9 +445,9 @@ HOTEL_SEQUENCES: list[tuple[str, list[tuple[str, dict[str, Any], str]]]] = [
     # ---- only confirmed bookings change
     ("cancel-checked-in", [VERIFY, _read(CHECKED_IN), ("cancel", {"booking": CHECKED_IN}, "confirmed-only")]),
     ("move-checked-in", [VERIFY, _read(CHECKED_IN), _move(CHECKED_IN, "2025-06-20", "2025-06-21", "confirmed-only")]),
-    # ---- limits: denied calls count, other tools do not reset a tool's count
+    # ---- limits: denied calls have a budget too, other tools do not reset a tool's count
     ("denied-calls-use-up-the-budget", [*[("read", {"booking": FAR}, "verify-first")] * 12,
-                                        ("verify", VERIFY[1], "limit:max_calls:*")]),
+                                        ("verify", VERIFY[1], "limit:max_denials:*")]),
     ("alternating-tools-keeps-the-verify-limit", [
         *[step for _ in range(3) for step in (("verify", {"guest": GUEST, "surname": "X", "year": 1}, "allow"),
                                               ("lookup", {"surname": SURNAME}, "allow"))],

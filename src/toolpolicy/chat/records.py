@@ -39,7 +39,8 @@ class Conversation:
     """A whole recorded dialogue and the tools its system prompt lists."""
 
     messages: list[Message]
-    tools: list[ToolSpec]
+    tools: list[ToolSpec] | None
+    """None when the record has no "tools" (the reader decides what it is shown, see sft_data)."""
 
 
 def chat_record(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
@@ -86,10 +87,26 @@ def conversation_from_record(record: Any) -> Conversation:
             raise RecordError(f"messages[{i}]: two assistant messages in a row (merge them into one turn)")
     tools = record.get("tools")
     if tools is None:
-        tools = []
+        return Conversation(messages, None)
     if not isinstance(tools, list):
         raise RecordError("'tools' must be a list of {type: function, function: {name, description, parameters}}")
     return Conversation(messages, [_read_tool(t, f"tools[{i}]") for i, t in enumerate(tools)])
+
+
+def unoffered_call(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str | None:
+    """The first assistant call to a tool `tools` does not list, as "FIELD: what is wrong", or None.
+
+    >>> unoffered_call([Message("assistant", "", (ToolCall("convert", {}),))], [])
+    "messages[0].tool_calls[0].function.name: calls 'convert', a tool the record does not offer (it offers none)"
+    """
+    offered = [spec.name for spec in tools]
+    for i, message in enumerate(messages):
+        for j, call in enumerate(message.tool_calls):
+            if call.name not in offered:
+                listed = ", ".join(offered) or "none"
+                return (f"messages[{i}].tool_calls[{j}].function.name: calls {call.name!r}, a tool the record does not offer "
+                        f"(it offers {listed})")
+    return None
 
 
 def _read_message(raw: Any, where: str) -> Message:

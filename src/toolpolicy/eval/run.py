@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
 from toolpolicy.rewards import RewardFunction, reward_function, term_means
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
+from toolpolicy.rollout.dropped import dropped_causes, dropped_line
 from toolpolicy.rollout.engine import Figures
 from toolpolicy.config import Config, ConfigError, save_config
 from toolpolicy.types import Episode, Task
@@ -45,7 +47,9 @@ def pick_samples(rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str
 
 def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gate: bool = True) -> dict[str, Any]:
     """Score `checkpoint` (or the served model at cfg.endpoint_url) and write
-    out_dir/eval/{name}.json and {name}_samples.jsonl.
+    out_dir/eval/{name}.json and {name}_samples.jsonl. Episodes dropped for an
+    infrastructure error are counted (`infra_errors`), listed by cause (`dropped`) and
+    reported on stderr.
 
     gate=False runs the gate in shadow mode: cfg.policy is not enforced, so the agent
     does what it would do with nothing stopping it, and every call the policy would
@@ -69,6 +73,11 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
     scored = cfg.endpoint_model if cfg.endpoint_url else str(checkpoint)
     summary = {"name": name, "checkpoint": scored, "gate": gate, "policy": policy_path(cfg, env), **summarize(records)}
     summary["rewards"] = term_means(scores)
+    ended = [episode for episode, _ in episodes]
+    summary["dropped"] = dict(dropped_causes(ended))  # infra_error -> episodes it dropped
+    line = dropped_line(ended)
+    if line is not None:
+        print(f"warning: eval {name}: {line}", file=sys.stderr)
 
     folder = out_dir / "eval"
     folder.mkdir(parents=True, exist_ok=True)

@@ -5,16 +5,20 @@ The order of checks, and why:
 1. Unknown tool, arguments that are not plain JSON, or arguments that break the tool's
    JSON schema (`format: date` included, strictly): deny before any rule runs, so
    conditions only ever see well-formed arguments of a real tool (DESIGN.md, contract 5).
-2. Limits (calls per episode, denied ones included; retry budget after consecutive
-   errors): deny. A limit is a forbid that no permit can override.
-3. Rules, with Cedar's semantics (https://docs.cedarpolicy.com/policies/syntax-policy.html,
+2. Forbid rules: any that matches (or errors) denies, and the decision names it. They
+   come before the limits so that a call a rule forbids is reported as denied by that
+   rule, not by a budget it happened to reach as well.
+3. Limits (calls that ran, calls denied, retry budget after consecutive errors; all per
+   episode, which behind `gate serve` is the client session): deny. A limit is a forbid
+   that no permit can override.
+4. The other rules, with Cedar's semantics (https://docs.cedarpolicy.com/policies/syntax-policy.html,
    "deny by default, forbid overrides permit"), plus `ask`:
    any matching forbid -> deny; else any matching ask -> ask; else any matching permit
    -> allow; else the policy's default. These are the properties Cedar proves and our
    property tests check: a forbid beats a permit, rule order and duplicates do not
    matter, adding a permit never turns an allow into a deny, adding a forbid never
    turns a deny into an allow.
-4. A condition that errors (a missing key, a type mismatch) or returns a non-boolean
+5. A condition that errors (a missing key, a type mismatch) or returns a non-boolean
    never allows. Where Cedar skips a policy that errors, we fail closed: an erroring
    forbid or ask denies, an erroring permit simply does not match.
 
@@ -44,7 +48,7 @@ import jsonschema
 from toolpolicy.gate.audit import AuditLog
 from toolpolicy.gate.ledger import Ledger, plain_json_problem
 from toolpolicy.gate.paths import WorkFolder
-from toolpolicy.gate.policy import ALL_TOOLS, PARSERS, Policy, PolicyError, Rule, ToolRules
+from toolpolicy.gate.policy import ALL_TOOLS, PARSERS, Policy, PolicyError, Rule, ToolRules, clip
 from toolpolicy.gate.schema import ArgumentSchema
 from toolpolicy.types import ToolCall, ToolSpec
 
@@ -69,7 +73,8 @@ class Decision:
         for a deny by rule, every matching ask, every matching permit for an allow. The
         gate's own checks use ids with a colon, which rule ids cannot contain:
         "gate:unknown_tool", "gate:invalid_arguments", "limit:max_calls:<tool>",
-        "limit:max_consecutive_errors:<tool>", "default:allow", "default:deny".
+        "limit:max_denials:<tool>", "limit:max_consecutive_errors:<tool>", "default:allow",
+        "default:deny". A forbid rule that matches is named rather than a limit also reached.
     reason, hint: written for the model, which sees them when the call is denied.
     """
 
@@ -147,7 +152,8 @@ class Gate:
         self.approver = approver
         self.audit = audit
         self.enforce = enforce
-        self._limited = bool(policy.limits.max_calls or policy.limits.max_consecutive_errors)  # else skip them
+        limits = policy.limits
+        self._limited = bool(limits.max_calls or limits.max_denials or limits.max_consecutive_errors)  # else skip them
         self._validators: dict[str, ArgumentSchema] = {}
         for spec in specs:
             try:
@@ -178,7 +184,8 @@ class Gate:
         return tuple(self._validators)
 
     def redact(self, text: str) -> str:
-        """Tool output with the policy's secret patterns replaced, before the model or a log sees it."""
+        """Tool output with the built-in secret formats (DEFAULT_REDACT) and the policy's
+        patterns replaced, before the model or a log sees it."""
         return self.policy.redact(text)
 
     def decide(self, call: ToolCall, ledger: Ledger | None = None) -> Decision:
@@ -220,7 +227,7 @@ class Gate:
         if problem is None and not isinstance(args, dict):
             problem = f"arguments must be a JSON object, not {type(args).__name__}"
         if problem is None and (problem := validator.problem(args)) is not None:
-            problem = self.policy.redact(problem)[:MAX_DETAIL_CHARS]
+            problem = clip(self.policy.redact(problem), MAX_DETAIL_CHARS)
         if problem is not None:
             return Decision(
                 "deny",
@@ -228,9 +235,6 @@ class Gate:
                 f"invalid arguments for {name}: {problem}.",
                 f"Check the arguments against {name}'s parameters.",
             )
-
-        if self._limited and (exceeded := self._limits_exceeded(name, ledger)):
-            return exceeded
 
         rules = self.policy.rules_for(name)
         context = _LazyContext(name, args, ledger, rules, self._parsers.get(name, _NO_PARSERS))
@@ -242,6 +246,9 @@ class Gate:
                 reasons.append(rule.reason if outcome is True else self._error_reason(rule, outcome))
         if forbidding:
             return _decision("deny", forbidding, reasons)
+
+        if self._limited and (exceeded := self._limits_exceeded(name, ledger)):
+            return exceeded
 
         asking, failed, reasons, failed_reasons = [], [], [], []
         for rule in () if _screened(rules.ask_screen, context) else rules.ask:
@@ -279,11 +286,16 @@ class Gate:
     def _limits_exceeded(self, name: str, ledger: Ledger) -> Decision | None:
         limits = self.policy.limits
         hits: list[tuple[str, str]] = []
-        for key, used in ((name, ledger.attempts(name)), (ALL_TOOLS, ledger.total_attempts)):
+        for key, used in ((name, ledger.counts.get(name, 0)), (ALL_TOOLS, ledger.total_calls)):
             cap = limits.max_calls.get(key)
             if cap is not None and used >= cap:
                 what = f"{name} may run" if key != ALL_TOOLS else "tools may run"
                 hits.append((f"limit:max_calls:{key}", f"{what} at most {cap} times per episode"))
+        for key, used in ((name, ledger.denials.get(name, 0)), (ALL_TOOLS, ledger.total_denials)):
+            cap = limits.max_denials.get(key)
+            if cap is not None and used >= cap:
+                what = f"{name} calls were" if key != ALL_TOOLS else "tool calls were"
+                hits.append((f"limit:max_denials:{key}", f"{what} denied {cap} times this episode, the most allowed"))
         for key in (name, ALL_TOOLS):
             cap = limits.max_consecutive_errors.get(key)
             if cap is not None and ledger.consecutive_errors.get(key, 0) >= cap:
@@ -304,7 +316,7 @@ class Gate:
         )
 
     def _error_reason(self, rule: Rule, detail: str) -> str:
-        return f"rule {rule.id} could not be evaluated ({self.policy.redact(detail)[:MAX_DETAIL_CHARS]})"
+        return f"rule {rule.id} could not be evaluated ({clip(self.policy.redact(detail), MAX_DETAIL_CHARS)})"
 
     def _settle(self, call: ToolCall, decision: Decision) -> Decision:
         """An ask settled by the approver; the decision keeps its id and rule ids."""
@@ -471,4 +483,4 @@ def _detail(error: BaseException, policy: Policy) -> str:
         text = f"{type(error).__name__}: {error}"
     except Exception:
         text = type(error).__name__
-    return policy.redact(text)[:MAX_DETAIL_CHARS]
+    return clip(policy.redact(text), MAX_DETAIL_CHARS)

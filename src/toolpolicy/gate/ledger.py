@@ -3,8 +3,8 @@
 Conditions read it as `state` (facts tools record, e.g. `user_verified`), `counts`
 (calls that ran, per tool), `denials` (calls the gate denied, per tool), `denied_before`
 (whether this very call, same tool and arguments, was denied earlier) and `history`
-(the most recent HISTORY_WINDOW calls with their outcomes). Limits read the attempts
-per tool (ran or denied) and the runs of consecutive errors.
+(the most recent HISTORY_WINDOW calls with their outcomes). Limits read the calls that
+ran and the calls denied, per tool and in all, and the runs of consecutive errors.
 
 Every summary is kept up to date as calls are recorded, so a decision costs the same
 after 20,000 calls as after one: nothing the gate reads grows with the episode except
@@ -51,9 +51,9 @@ class Ledger:
     facts: set by tools (or the environment) through `learn`, read by conditions as
         `state`. A read-only view: a fact enters through `learn`, which checks it once.
     counts: tool name -> calls that ran (outcome "ok" or "error").
-    denials: tool name -> calls the gate denied. Limits count attempts, counts plus
-        denials: a denied call uses up its tool's budget too, so a model cannot probe
-        the policy without end by sending calls it expects to be refused.
+    denials: tool name -> calls the gate denied. `max_calls` limits counts (what ran),
+        `max_denials` limits denials, so that a model cannot probe the policy without
+        end by sending calls it expects to be refused either.
     consecutive_errors: tool name (and "*" for all tools together) -> errors since that
         tool last succeeded. A denial neither adds to nor resets a run of errors.
     history: the last HISTORY_WINDOW recorded calls, oldest first: {"name", "args", "outcome"}.
@@ -75,6 +75,8 @@ class Ledger:
         """Calls that ran, all tools together."""
         self.total_attempts = 0
         """Calls recorded, ran or denied, all tools together."""
+        self.total_denials = 0
+        """Calls denied, all tools together."""
         self._denied: set[bytes] = set()
         self.learn(facts or {})
 
@@ -107,6 +109,7 @@ class Ledger:
         self.total_attempts += 1
         if outcome == "denied":
             _count(self.denials, call.name)
+            self.total_denials += 1
             self._denied.add(call_digest(call.name, args))
             return
         _count(self.counts, call.name)
@@ -119,7 +122,7 @@ class Ledger:
             self.consecutive_errors["*"] = self.consecutive_errors.get("*", 0) + 1
 
     def attempts(self, name: str) -> int:
-        """Calls of tool `name` recorded so far, ran or denied: what max_calls limits."""
+        """Calls of tool `name` recorded so far, ran or denied."""
         return self.counts.get(name, 0) + self.denials.get(name, 0)
 
     def denied_before(self, name: str, arguments: Any) -> bool:

@@ -22,9 +22,11 @@ not have, a tool name no tool has) is checked when a Gate binds the policy to it
         reason: paths may not leave the work folder      # required for forbid and ask
         hint: use a path under /work                     # optional fix the model is shown
     limits:
-      max_calls: {run_shell: 10, "*": 50}        # per episode, denied calls included; "*" = all tools
+      max_calls: {run_shell: 10, "*": 50}        # calls that ran, per episode; "*" = all tools together
+      max_denials: {"*": 20}                     # calls the gate denied, per episode: a cap on probing
       max_consecutive_errors: {"*": 3}           # retry budget; "*" = trailing errors of any tools
-    redact: ['AKIA[0-9A-Z]{16}']                 # regexes replaced by [REDACTED] in tool output
+    redact: ['AKIA[0-9A-Z]{16}']                 # regexes replaced by [REDACTED] in tool output,
+                                                 # on top of DEFAULT_REDACT (always applied)
 
 Conditions read `tool`, `args`, `parsed` (the parsed arguments), `state` (facts tools
 recorded), `counts` (calls that ran, per tool), `denials` (calls denied, per tool),
@@ -34,6 +36,12 @@ see gate/ledger.py). Every one of them costs the same at any point of an episode
 A missing `when` means the rule always applies; `when:` written with nothing after it
 (YAML null), `when: ""` or only spaces is an error, because a condition that was meant
 and lost must not turn into "always".
+
+Limits count per episode (a ledger's lifetime; behind `gate serve`, the client session).
+`max_calls` counts calls that ran, so "may run at most N times" is what it says; denied
+calls are capped on their own by `max_denials`, so a model cannot probe the policy without
+end either. A forbid rule that matches is reported before any limit (gate/decide.py).
+The reference with an example of everything is docs/policy.md.
 
 Conditions are compiled once here. Rules are indexed by tool name (`Policy.rules_for`),
 so a decision only looks at the rules naming its tool plus the "*" rules.
@@ -63,9 +71,28 @@ DEFAULTS = ("allow", "deny")
 CONTEXT_VARIABLES = frozenset({"tool", "args", "parsed", "state", "history", "counts", "denials", "denied_before"})
 # Type names, as in `type(args.x) == string`, are reported by the CEL binding as variables.
 CEL_TYPE_NAMES = frozenset({"bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type"})
-LIMIT_KINDS = ("max_calls", "max_consecutive_errors")
+LIMIT_KINDS = ("max_calls", "max_denials", "max_consecutive_errors")
 ALL_TOOLS = "*"
 REDACTED = "[REDACTED]"
+
+DEFAULT_REDACT: tuple[tuple[str, str], ...] = (
+    (
+        "private key block",
+        r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+        r"(?:[\s\S]*?-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|[\s\S]*)",
+    ),
+    ("AWS access key id", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    ("GitHub token", r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
+    ("OpenAI or Anthropic style key", r"\bsk-[A-Za-z0-9_-]{20,}"),
+    ("Slack token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
+    ("Google API key", r"\bAIza[0-9A-Za-z_-]{35}"),
+    ("Stripe secret key", r"\b[rs]k_live_[0-9A-Za-z]{16,}"),
+    ("bearer token", r"\b(?i:bearer)\s+[A-Za-z0-9._~+/-]{16,}=*"),
+)
+"""Secret formats redacted from every tool output whatever the policy says (a missing
+pattern list must not leak a key), as (what, regex). A policy's `redact` adds to them.
+A truncated private key (no END line) is redacted to the end of the text."""
+_DEFAULT_REDACT = re.compile("|".join(f"(?:{pattern})" for _, pattern in DEFAULT_REDACT))
 
 # No ':' in rule ids, so the gate's own ids ("limit:max_calls:x", "gate:unknown_tool") never collide.
 RULE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -134,7 +161,10 @@ class Limits:
     """Per-episode budgets. Keys are tool names; "*" means all tools together."""
 
     max_calls: Mapping[str, int] = field(default_factory=dict)
+    """Calls that ran (succeeded or failed), per tool or "*" for all together."""
     max_consecutive_errors: Mapping[str, int] = field(default_factory=dict)
+    max_denials: Mapping[str, int] = field(default_factory=dict)
+    """Calls the gate denied, per tool or "*"; once reached, further calls are denied too."""
 
 
 @dataclass(frozen=True)
@@ -197,7 +227,7 @@ class Policy:
             data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
         except Exception as error:  # YAMLError, and constructor errors such as a bad date or deep nesting
             detail = " ".join(str(error).split())
-            raise PolicyError(source, [f"not valid YAML: {detail[:300]}"]) from None
+            raise PolicyError(source, [f"not valid YAML: {clip(detail, 300)}"]) from None
         return cls.from_dict(data, source)
 
     @classmethod
@@ -228,12 +258,15 @@ class Policy:
     def tool_names(self) -> set[str]:
         """Every tool named by a rule or a limit (not "*")."""
         named = {name for rule in self.rules for name in rule.tools or ()}
-        named |= set(self.limits.max_calls) | set(self.limits.max_consecutive_errors) | set(self.parse)
+        named |= set(self.limits.max_calls) | set(self.limits.max_consecutive_errors) | set(self.limits.max_denials)
+        named |= set(self.parse)
         named.discard(ALL_TOOLS)
         return named
 
     def redact(self, text: str) -> str:
-        """`text` with every match of the policy's redaction patterns replaced by [REDACTED]."""
+        """`text` with every match of DEFAULT_REDACT and of the policy's redaction patterns
+        replaced by [REDACTED]."""
+        text = _DEFAULT_REDACT.sub(REDACTED, text)
         for pattern in self.redact_patterns:
             text = pattern.sub(REDACTED, text)
         return text
@@ -286,6 +319,12 @@ def _build(data: Any, source: str) -> Policy:
     if problems:
         raise PolicyError(source, problems)
 
+    limits_content: dict[str, Any] = {
+        "max_calls": dict(limits.max_calls),
+        "max_consecutive_errors": dict(limits.max_consecutive_errors),
+    }
+    if limits.max_denials:  # absent from older policies' content, so their hashes stay as they were
+        limits_content["max_denials"] = dict(limits.max_denials)
     content = {
         "default": default,
         "description": description,
@@ -300,7 +339,7 @@ def _build(data: Any, source: str) -> Policy:
             }
             for r in rules
         ],
-        "limits": {"max_calls": dict(limits.max_calls), "max_consecutive_errors": dict(limits.max_consecutive_errors)},
+        "limits": limits_content,
         "redact": [p.pattern for p in patterns],
     }
     if work_folder or parse:  # absent from older policies' content, so their hashes stay as they were
@@ -471,7 +510,7 @@ def _compile_condition(source: str, label: str, problems: list[str]) -> tuple[An
         program = _compile(source)
     except Exception as error:  # the binding raises ValueError; anything else is still a bad condition
         detail = " ".join(str(error).split())
-        problems.append(f"{label}: when does not compile as CEL: {detail[:300]}")
+        problems.append(f"{label}: when does not compile as CEL: {clip(detail, 300)}")
         return None
     bound = set(_BOUND_NAME.findall(source))
     unknown_vars = sorted(set(program.variables()) - CONTEXT_VARIABLES - CEL_TYPE_NAMES - bound)
@@ -585,7 +624,7 @@ def _limits(raw: Any, problems: list[str]) -> Limits:
                 problems.append(f"limits.{kind}.{name}: {_show(value)} must be a whole number >= 0")
             else:
                 found[kind][name] = value
-    return Limits(found["max_calls"], found["max_consecutive_errors"])
+    return Limits(found["max_calls"], found["max_consecutive_errors"], found["max_denials"])
 
 
 def _redact(raw: Any, problems: list[str]) -> list[re.Pattern[str]]:
@@ -627,6 +666,18 @@ def _kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}.get(
         type(value), f"a {type(value).__name__}"
     )
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` if it fits in `limit` characters, else its words that fit and " ...": a message
+    is cut between words, never inside one. Only a word longer than half the limit (a long
+    argument, a token) is cut where the limit falls, so the result stays within it."""
+    if len(text) <= limit:
+        return text
+    room = limit - len(" ...")
+    words = re.match(r"(.*\S)\s", text[: room + 1], re.DOTALL)  # the longest run of whole words
+    head = words.group(1) if words and len(words.group(1)) >= room // 2 else text[:room]
+    return head + " ..."
 
 
 def _show(value: Any) -> str:

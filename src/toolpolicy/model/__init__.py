@@ -159,11 +159,13 @@ def newest_model(source: str | Path) -> Path:
     return source
 
 
-def export_model(source: str | Path, out: str | Path, merge: bool) -> Path:
+def export_model(source: str | Path, out: str | Path, merge: bool, dtype: str = "float32") -> Path:
     """Write `source`'s model (a run's newest, see `newest_model`) to `out` with its
-    tokenizer; a LoRA adapter folded into its base with `merge`, else saved as the adapter."""
+    tokenizer; a LoRA adapter folded into its base with `merge`, else saved as the adapter.
+    `dtype` "bfloat16" halves the files (an adapter to ship in a repository); loading casts
+    them back to the precision the run asks for."""
     policy = PolicyModel.load(newest_model(source))
     model = merged(policy.model) if merge else policy.model
-    model.save_pretrained(out)
+    model.to(getattr(torch, dtype)).save_pretrained(out)
     policy.tokenizer.save_pretrained(out)
     return Path(out)

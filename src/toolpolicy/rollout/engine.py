@@ -28,6 +28,7 @@ from toolpolicy.chat import ChatTemplate, ParsedTurn, cut_at_stop
 from toolpolicy.envs.base import Env, Session, listed_specs, open_session
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
+from toolpolicy.rollout.dropped import tool_failure
 from toolpolicy.rollout.trajectory import Trajectory
 from toolpolicy.tools import ToolSet
 from toolpolicy.types import Episode, Event, Message, Task
@@ -107,7 +108,7 @@ def act(
         elif result.error in MODEL_FAULTS:
             events.append(Event(MODEL_FAULTS[result.error], turn, f"{call.name}: {result.error}"))
         else:
-            return assistant, observations, events, f"{call.name}: {result.error}: {result.content[:200]}"
+            return assistant, observations, events, tool_failure(call.name, result)
     return assistant, observations, events, None
 
 

@@ -90,9 +90,11 @@ def tool(
         episode goes on (a counted event the rewards can use).
       - any other exception (KeyError, AttributeError, an OSError from a dead service,
         and ValueError too): a fault in the tool or what it depends on, the machine's. The
-        result's error is "infra", its text names the tool and the exception type, and
-        the rollout engine marks the episode infra_error: excluded from the update and
-        from pass^k, never scored 0.
+        result's error is "exception", its text names the tool and the exception, and
+        the rollout engine ends the episode as infra_error: the model never sees the
+        message, and the episode is dropped from every mean, the update and pass^k (never
+        scored 0). RL and eval print how many episodes they dropped and why, and RL stops
+        when more than half of a step's episodes are dropped.
       - a returned ToolResult carries its own error kind (the sandbox and MCP tools
         decide theirs).
     ValueError is deliberately not the model's: Python raises it from deep inside our

@@ -3,8 +3,9 @@
 `ToolSet.call` never raises (DESIGN.md, contract 3). Whatever goes wrong becomes a
 ToolResult the model reads as its observation, with `error` saying whose fault it was:
 an unknown tool, arguments that break the schema, or the tool raising ToolError are the
-model's; any other exception from inside a tool is ours ("infra", contract 4). The rule
-and its reasons are in `toolpolicy.tools.decorator.tool`.
+model's; any other exception from inside a tool is ours ("exception", contract 4: the
+rollout engine drops the episode and the run reports it). The rule and its reasons are in
+`toolpolicy.tools.decorator.tool`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from toolpolicy.tools.decorator import Tool, ToolError
 from toolpolicy.types import ToolCall, ToolResult, ToolSpec
 
 MAX_PROBLEMS_SHOWN = 3
+TOOL_ERROR_HINT = "raise toolpolicy.tools.ToolError to show the model the message"
 
 
 class ToolSet:
@@ -64,7 +66,7 @@ class ToolSet:
         except ToolError as error:  # the tool says the call was wrong: the model's to fix
             return self._result(f"Error: {_exception_text(error)}", "tool_error")
         except Exception as error:  # a fault in the tool, not the call; KeyboardInterrupt still propagates
-            return self._result(infra_error_text(target.name, error), "infra")
+            return self._result(infra_error_text(target.name, error), "exception")
         if isinstance(output, ToolResult):  # a tool that records facts or reports its own error
             return ToolResult(truncate(output.content, self.max_output_chars), output.error, dict(output.facts))
         return self._result(output_text(output))
@@ -140,13 +142,14 @@ def _preview(value: Any) -> str:
 
 
 def infra_error_text(tool_name: str, error: Exception) -> str:
-    """The observation for an exception that is not a ToolError: the tool, the type, the message.
+    """What an exception that is not a ToolError becomes: the tool, the type, the message and
+    the fix. The model never reads it (its episode is dropped); the run's report of dropped
+    episodes quotes it.
 
     >>> infra_error_text("read", KeyError("B9"))
-    "Internal error in tool 'read': KeyError: 'B9'. This is a fault in the tool, not in the call."
+    "tool 'read' raised KeyError: 'B9' (raise toolpolicy.tools.ToolError to show the model the message)"
     """
-    return (f"Internal error in tool {tool_name!r}: {type(error).__name__}: {_exception_text(error)}. "
-            "This is a fault in the tool, not in the call.")
+    return f"tool {tool_name!r} raised {type(error).__name__}: {truncate(_exception_text(error), 300)} ({TOOL_ERROR_HINT})"
 
 
 def _exception_text(error: Exception) -> str:

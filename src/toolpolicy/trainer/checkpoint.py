@@ -59,6 +59,21 @@ def latest_checkpoint(phase_dir: Path) -> Path | None:
     return None
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step a checkpoint folder (step_NNNNNN) was written after."""
+    return int(checkpoint.name.removeprefix("step_"))
+
+
+def resume_from(phase_dir: Path) -> Path | None:
+    """`latest_checkpoint(phase_dir)`, announced on stderr: `resuming RUN_DIR from step N`."""
+    checkpoint = latest_checkpoint(phase_dir)
+    if checkpoint is None:
+        print(f"resuming {phase_dir.parent} from step 0: {phase_dir.name} has no checkpoint yet", file=sys.stderr)
+    else:
+        print(f"resuming {phase_dir.parent} from step {checkpoint_step(checkpoint)}", file=sys.stderr)
+    return checkpoint
+
+
 def load_trainer_state(path: Path, mmap: bool = False) -> dict[str, Any]:
     """The dict `save_checkpoint` wrote to trainer_state.pt; CheckpointError naming the file
     if it is missing, cut short or not a trainer state. `mmap`: leave the tensors on disk."""
@@ -176,6 +191,18 @@ class MetricsLog:
     def close(self) -> None:
         for tracker in self.trackers:
             tracker.close()
+
+    def last_step(self, phase: str) -> int:
+        """The last step of `phase` logged; 0 if none."""
+        steps = [0]
+        for line in self.path.read_text().splitlines() if self.path.exists() else ():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill mid-write
+            if record.get("phase") == phase:
+                steps.append(record.get("step", 0))
+        return steps[-1]
 
     def rewind(self, phase: str, step: int) -> None:
         """Drop the lines of `phase` logged after `step` (written after the checkpoint

@@ -59,7 +59,7 @@ def sft_examples(
     """What SFT trains on: the conversations of `cfg.sft_data` when it is set (all of them,
     `n` unused), else `n` demonstrations."""
     if cfg.sft_data:
-        return data_examples(cfg.sft_data, template, encode, episode_limits(cfg))
+        return data_examples(cfg.sft_data, template, encode, episode_limits(cfg), build_env(cfg))
     return demonstrations(cfg, n, template, encode, decode, seed_tag)
 
 

@@ -55,14 +55,14 @@ NO_FUNCTION_FITS = "None of the functions I have fits this request, so I will no
 
 def bfcl_demonstrator(task: Task, rng: random.Random, cfg: Config) -> list[Message]:
     """One right answer to a BFCL single-turn entry (`bfcl_answer`); exact, `rng` unused."""
-    return [bfcl_answer(_bfcl_single_env().entries[task.id])]
+    return [bfcl_answer(_bfcl_single_env(cfg.bfcl_composed).entries[task.id])]
 
 
 @cache
-def _bfcl_single_env() -> Any:
+def _bfcl_single_env(composed: int) -> Any:
     from toolpolicy.envs.bfcl import BfclEnv  # here: it reads the bfcl-eval package's data
 
-    return BfclEnv()
+    return BfclEnv(composed=composed)
 
 
 def bfcl_answer(entry: Any) -> Message:

@@ -16,12 +16,14 @@ policy is the rollout policy and its log-probabilities are the rollout's own,
 recorded at sampling time: the ratio is 1 on every micro-batch); no value model.
 Token ids stay exactly as sampled and tool output is masked out of the loss.
 
-    toolpolicy train CONFIG [--set key=value ...] [--resume RUN_DIR]
+    toolpolicy train CONFIG [--set key=value ...]
+    toolpolicy train --resume RUN_DIR     # from its last checkpoint, with RUN_DIR/config.yaml
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, replace
@@ -40,9 +42,10 @@ from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
+from toolpolicy.rollout.dropped import dropped_line, dropped_metrics
 from toolpolicy.rollout.store import EpisodeRecord, rewind, step_table, write_step
 from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches, update_order
-from toolpolicy.trainer.checkpoint import MetricsLog, Restored, latest_checkpoint, restore_state, save_checkpoint, save_final
+from toolpolicy.trainer.checkpoint import MetricsLog, Restored, restore_state, resume_from, save_checkpoint, save_final
 from toolpolicy.trainer.credit import (
     Credit,
     EpisodeFilter,
@@ -62,6 +65,16 @@ REFILL_SEED_STRIDE = 100_000_007  # refill rounds draw tasks far from every step
 
 class TrainingStalled(Exception):
     """RL that has had nothing to learn from for max_idle_steps steps in a row."""
+
+
+class EpisodesDropped(Exception):
+    """RL whose step dropped more than MAX_DROPPED_SHARE of its episodes for infrastructure errors."""
+
+
+MAX_DROPPED_SHARE = 0.5
+"""A step may drop at most this share of its episodes (infra_error: a tool that raised
+something other than ToolError, a failed service); beyond it the run stops, since the
+update would learn from the few episodes the failure happened to spare."""
 
 
 def train_seed(seed: int, step: int, refill: int = 0) -> int:
@@ -238,9 +251,10 @@ def update_metrics(sums: dict[str, float], total_tokens: float, with_reference: 
 def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success: RewardFunction) -> dict[str, float]:
     """Per-step means of reward (and of each Rubric term, as rewards/<name>), accuracy (the share with `success` 1, as in evaluation),
     tool use and policy violations, overall and per difficulty. Episodes with an
-    infrastructure error are left out of every mean and only counted (DESIGN contract 4)."""
+    infrastructure error are left out of every mean and only counted (DESIGN contract 4),
+    in all and per failed tool (infra_errors/<tool>)."""
     counted = [(t, s) for t, s in zip(trajectories, scores) if t.episode.infra_error is None]
-    out: dict[str, float] = {"infra_errors": len(trajectories) - len(counted)}
+    out: dict[str, float] = {"infra_errors": len(trajectories) - len(counted), **dropped_metrics([t.episode for t in trajectories])}
     if not counted:
         return out
     n = len(counted)
@@ -310,7 +324,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         episode_streams=cfg.sampling_streams == "episode",
     )
     phase_dir = run_dir / "rl"
-    checkpoint = latest_checkpoint(phase_dir) if resume else None
+    checkpoint = resume_from(phase_dir) if resume else None
     policy = trainable_policy(cfg, checkpoint or cfg.init_from, phase_dir, resuming=checkpoint is not None)
     model = policy.model
     world = World.from_environment(device_of(model))
@@ -361,6 +375,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             rollouts = sample_groups(pool, rubric, credit, sampling, step, first)
             trajectories = rollouts.trajectories
             rollout_time = time.perf_counter() - began
+            check_dropped(trajectories, step, world.main)
 
             # 2. Rewards -> advantages (per episode, or per token with turn credit); the filters.
             advantages = credit.advantages(trajectories, rollouts.rewards, rollouts.weights, cfg.group_size)  # [B] or [B, L-1]
@@ -393,7 +408,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 updates += 1
                 pool.sync(model)  # a sampler with its own copy of the weights gets the new ones
             lr = scheduler.get_last_lr()[0]
-            scheduler.step()
+            if order:  # the LR schedule counts optimizer steps: a step that trained nothing leaves it
+                scheduler.step()
 
             # 4. Log and checkpoint.
             record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, rollouts.scores, success), **update}
@@ -441,6 +457,22 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     world.barrier()
     world.close()
     return final
+
+
+def check_dropped(trajectories: list[Trajectory], step: int, say: bool) -> None:
+    """Say how many of the step's episodes were dropped and why (when `say`); raise
+    EpisodesDropped when more than MAX_DROPPED_SHARE of them were."""
+    episodes = [t.episode for t in trajectories]
+    line = dropped_line(episodes)
+    if line is None:
+        return
+    if say:
+        tqdm.write(f"warning: rl step {step + 1}: {line}", file=sys.stderr)
+    if sum(e.infra_error is not None for e in episodes) > MAX_DROPPED_SHARE * len(episodes):
+        raise EpisodesDropped(
+            f"rl step {step + 1} {line}. More than half of a step's episodes dropped leaves too little to learn from: "
+            "fix the tool or service (a tool turns a bad argument into toolpolicy.tools.ToolError, which the model sees)"
+        )
 
 
 def step_records(

@@ -6,7 +6,8 @@ is the engine's: assistant tokens only, never the prompt or tool output.
 Conversations from a file (`sft_data`, `sft_data.py`) are cut into the same
 fragments, with the same mask.
 
-    toolpolicy sft CONFIG [--set key=value ...] [--resume RUN_DIR]
+    toolpolicy sft CONFIG [--set key=value ...]
+    toolpolicy sft --resume RUN_DIR     # from its last checkpoint, with RUN_DIR/config.yaml
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from toolpolicy.build import trainable_policy
 from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
-from toolpolicy.trainer.checkpoint import MetricsLog, latest_checkpoint, restore_state, save_checkpoint, save_final
+from toolpolicy.trainer.checkpoint import MetricsLog, restore_state, resume_from, save_checkpoint, save_final
 from toolpolicy.trainer.demonstrations import build_embedded, sft_examples
 from toolpolicy.trainer.trackers import open_trackers
 
@@ -77,7 +78,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     base = run_dir / "model" if cfg.model == "embedded" else Path(cfg.model)
     if cfg.model == "embedded" and not (base / "config.json").is_file():
         build_embedded(cfg, base)
-    checkpoint = latest_checkpoint(phase_dir) if resume else None
+    checkpoint = resume_from(phase_dir) if resume else None
     policy = trainable_policy(cfg, checkpoint or base, phase_dir, resuming=checkpoint is not None)
     model = policy.model
     examples = sft_examples(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")

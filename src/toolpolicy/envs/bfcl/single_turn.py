@@ -49,6 +49,17 @@ non-live entries (400 + 100 + 50 + 200 + 200 + 200 + 240).
 `BfclEnv(categories)` keeps the entries of the named categories on both sides (the config's
 `bfcl_categories`); the drops are decided against every held-out entry whichever are kept.
 
+Composed entries. Half of BFCL's non-live AST categories ask for several calls in one turn
+(parallel: one function called several times; parallel_multiple: several functions), but
+after the drops the live side has 22 such entries. `BfclEnv(composed=N)` (the config's
+`bfcl_composed`) adds N train entries each made of two kept live entries that offer the
+same functions (same schemas) and expect one call each: the two questions as one user
+message, both calls expected (`compose`). Pairs calling the same function are
+`composed_parallel`, the others `composed_parallel_multiple`, drawn half and half as far
+as each kind goes, each entry in at most four pairs (`composed_entries`). They are built from the train split alone, so nothing of
+the held-out side enters, and scored like any entry: BFCL's verdict on several expected
+calls, in any order.
+
 The gate knows one schema per function name, but entries show one name with different
 schemas (requests_get in 46 forms): the gate admits a call that fits one of them
 (`gate_tools`) and the episode's own tools then hold it to its entry's (`entry_tools`);
@@ -68,6 +79,8 @@ value, a parameter the function does not take).
 
 from __future__ import annotations
 
+import json
+import random
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -166,6 +179,68 @@ def entry_task(entry: Entry) -> Task:
     return Task(entry.id, users[-1] if users else "", "", info)
 
 
+COMPOSED_CATEGORIES = ("composed_parallel", "composed_parallel_multiple")
+
+
+def composable(entry: Entry) -> bool:
+    """An entry `compose` can join: an AST entry expecting exactly one call, asked in one user
+    message and nothing else."""
+    return entry.kind == "ast" and len(entry.expected) == 1 and [m.role for m in entry.messages] == ["user"]
+
+
+def compose(first: Entry, second: Entry) -> Entry:
+    """One entry asking both questions, expecting both calls (the two offer the same functions)."""
+    same = next(iter(first.expected[0])) == next(iter(second.expected[0]))
+    return Entry(
+        id=f"composed_{first.id}+{second.id}",
+        category=COMPOSED_CATEGORIES[0] if same else COMPOSED_CATEGORIES[1],
+        messages=[Message("user", f"{first.messages[0].content}\n{second.messages[0].content}")],
+        functions=first.functions,
+        expected=[*first.expected, *second.expected],
+        language=first.language,
+        shown=first.shown,
+    )
+
+
+def composed_entries(train: tuple[Entry, ...] | list[Entry], n: int, seed: int = 0) -> list[Entry]:
+    """`n` composed entries (`compose`) from pairs of `train` entries offering the same functions
+    with different questions, each entry in at most four pairs (`_spread`), half calling one
+    function twice, as far as the pairs of each kind go; the same `n` and `seed` give the same
+    entries."""
+    if n <= 0:
+        return []
+    groups: dict[str, list[Entry]] = {}
+    for entry in sorted((e for e in train if composable(e)), key=lambda e: e.id):
+        groups.setdefault(json.dumps(entry.functions, sort_keys=True), []).append(entry)
+    pairs: dict[bool, list[tuple[Entry, Entry]]] = {True: [], False: []}
+    for group in groups.values():
+        for i, first in enumerate(group):
+            for second in group[i + 1:]:
+                if question_key(first) != question_key(second):
+                    pairs[next(iter(first.expected[0])) == next(iter(second.expected[0]))].append((first, second))
+    rng = random.Random(f"bfcl/composed/{seed}")
+    for kind in pairs.values():
+        rng.shuffle(kind)
+    uses: Counter[str] = Counter()
+    spread = {kind: _spread(found, uses) for kind, found in pairs.items()}
+    same = min(len(spread[True]), max(n // 2, n - len(spread[False])))
+    chosen = spread[True][:same] + spread[False][: n - same]
+    if len(chosen) < n:
+        raise ValueError(f"bfcl_composed: {n} asked, but the train split has {len(chosen)} composable pairs")
+    return [compose(*(pair if rng.random() < 0.5 else pair[::-1])) for pair in chosen]
+
+
+def _spread(pairs: list[tuple[Entry, Entry]], uses: Counter[str], most: int = 4) -> list[tuple[Entry, Entry]]:
+    """The pairs in order, each kept while both its entries are in fewer than `most` kept pairs
+    (a few large function groups would otherwise supply most of them)."""
+    kept = []
+    for first, second in pairs:
+        if uses[first.id] < most and uses[second.id] < most:
+            uses.update((first.id, second.id))
+            kept.append((first, second))
+    return kept
+
+
 def _not_run(**arguments: Any) -> str:
     return NOT_RUN
 
@@ -244,6 +319,7 @@ class BfclEnv:
     Args:
         categories: the BFCL categories to draw entries from (default: all thirteen); the
             live ones make `train`, the others `eval`.
+        composed: composed entries added to `train` (`composed_entries`), from the kept ones.
     """
 
     name = "bfcl"
@@ -261,11 +337,12 @@ class BfclEnv:
         "invalid_call_count": 0.0,
     }
 
-    def __init__(self, categories: tuple[str, ...] = CATEGORIES) -> None:
+    def __init__(self, categories: tuple[str, ...] = CATEGORIES, composed: int = 0) -> None:
         self.categories = known_categories(categories)
         split = v4_split()
+        train = [e for e in split.train if e.category in self.categories]
         self.pools = {
-            "train": [e for e in split.train if e.category in self.categories],
+            "train": train + composed_entries(train, composed),
             "eval": [e for e in split.held_out if e.category in self.categories],
         }
         self.dropped = {i: why for i, why in split.dropped.items() if live_category(i) in self.categories}

@@ -1,0 +1,86 @@
+"""toolpolicy from Python: what the `sft`, `train` and `eval` commands do, as functions.
+
+A notebook or a script drives a run the way the command line does, with the same config
+files, run folders and results:
+
+    import toolpolicy as tp
+
+    cfg = tp.load_config("src/toolpolicy/configs/smoke.yaml", ["run_dir=runs/mine"])
+    sft = tp.sft(cfg)                   # the SFT model: RUN_DIR/sft/final
+    rl = tp.train(cfg, init_from=sft)   # the RL model: RUN_DIR/rl/final
+    summary = tp.evaluate(cfg, rl)      # accuracy, pass^k, violations, by category ...
+    print(tp.format_summary(summary))
+
+Each call writes the resolved config into the run folder first, as the command does, so
+the folder says what produced it. `load_config(path, overrides)` takes `--set`'s
+"field=value" strings; `cfg.model_copy(update={...})` changes a loaded config (its values
+are then not validated again: prefer overrides). Errors are the command line's:
+`ConfigError` for a config, `CheckpointError` for a model folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from toolpolicy.config import Config, ConfigError, load_config
+
+__all__ = ["Config", "ConfigError", "bfcl_v4", "evaluate", "format_summary", "load_config", "sft", "train"]
+
+
+def sft(cfg: Config, resume: bool = False) -> Path:
+    """SFT as `toolpolicy sft CONFIG` (or `--resume`, from the run folder's last checkpoint):
+    the final model's folder."""
+    from toolpolicy.build import prepare_run_dir
+    from toolpolicy.trainer.sft import train_sft
+
+    return train_sft(cfg, prepare_run_dir(cfg), resume=resume)
+
+
+def train(cfg: Config, init_from: str | Path | None = None, resume: bool = False) -> Path:
+    """RL as `toolpolicy train CONFIG`, from `init_from` (else the config's): the final model's folder."""
+    from toolpolicy.build import prepare_run_dir
+    from toolpolicy.trainer.rl import require_init_from, train_rl
+
+    if init_from is not None:
+        cfg = cfg.model_copy(update={"init_from": str(init_from)})
+    require_init_from(cfg)
+    return train_rl(cfg, prepare_run_dir(cfg), resume=resume)
+
+
+def evaluate(cfg: Config, checkpoint: str | Path | None = None, name: str = "eval", gate: bool = True) -> dict[str, Any]:
+    """Score a model on the environment's held-out tasks, as `toolpolicy eval CONFIG`:
+    `checkpoint`, else the config's eval_checkpoint, else the run folder's newest model (or
+    the served model at endpoint_url). Writes RUN_DIR/eval/NAME.json and returns its summary."""
+    from toolpolicy.eval.run import evaluate as run_evaluation
+
+    run_dir = Path(cfg.run_dir)
+    return run_evaluation(cfg, _model(cfg, checkpoint), name, run_dir, gate=gate)
+
+
+def bfcl_v4(cfg: Config, checkpoint: str | Path | None = None, categories: str | None = None, limit: int | None = None) -> dict[str, Any]:
+    """BFCL v4's single-turn categories, as `toolpolicy eval CONFIG --bfcl v4 [--categories C,..]
+    [--limit N]`: the summary it writes to RUN_DIR/eval/bfcl_v4.json."""
+    from toolpolicy.eval.bfcl import first_per_category, score_bfcl
+    from toolpolicy.eval.bfcl_v4 import bfcl_scores, load_v4, parse_categories
+
+    entries = first_per_category(load_v4(parse_categories(categories)), limit)
+    return score_bfcl(cfg, _model(cfg, checkpoint), entries, Path(cfg.run_dir), name="bfcl_v4", groups=bfcl_scores)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """An evaluation summary as the tables `toolpolicy eval` prints."""
+    from toolpolicy.report import format_summary as tables
+
+    return tables(summary)
+
+
+def _model(cfg: Config, checkpoint: str | Path | None) -> Path | None:
+    """The model a scoring call runs: the one given, the config's, the run's newest, or none (served)."""
+    from toolpolicy.model import newest_model
+
+    if checkpoint is not None:
+        return Path(checkpoint)
+    if cfg.endpoint_url:
+        return None
+    return Path(cfg.eval_checkpoint) if cfg.eval_checkpoint else newest_model(cfg.run_dir)

@@ -1,0 +1,36 @@
+"""The Python API (toolpolicy.api): the commands' work as functions, from `import toolpolicy`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import toolpolicy as tp
+
+from conftest import SMOKE
+
+TINY = ["sft_steps=3", "sft_examples=16", "tokenizer_texts=50", "rl_steps=1", "prompts_per_step=2", "group_size=2",
+        "eval_tasks=2", "eval_samples=1", "max_idle_steps=0"]
+
+
+def test_sft_train_and_evaluate_from_python_write_the_run_folder_the_commands_write(tmp_path):
+    cfg = tp.load_config(SMOKE, [*TINY, f"run_dir={tmp_path}"])
+    with pytest.raises(tp.ConfigError, match="init_from is empty"):
+        tp.train(cfg)
+    sft = tp.sft(cfg)
+    assert sft == tmp_path / "sft" / "final" and (sft / "config.json").is_file()
+    rl = tp.train(cfg, init_from=sft)
+    assert rl == tmp_path / "rl" / "final" and (rl / "config.json").is_file()
+    assert tp.load_config(tmp_path / "config.yaml").init_from == str(sft)  # the folder says what produced it
+    summary = tp.evaluate(cfg)  # the run's newest model: rl/final
+    assert summary == json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert summary["n"] == 2 and "accuracy" in summary
+    assert "accuracy" in tp.format_summary(summary)
+    phases = [json.loads(line)["phase"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert phases.count("sft") == 3 and phases.count("rl") == 1
+
+
+def test_unknown_names_are_attribute_errors():
+    with pytest.raises(AttributeError, match="no attribute 'trian'"):
+        tp.trian  # noqa: B018
