@@ -134,13 +134,7 @@ class PolicyModel:
         """The checkpoint at `path` (see `load_policy`; a LoRA adapter folder loads on its
         base; a GGUF file as its plain folder) with its codec and chat format, on the device and
         in the precision of `placement`."""
-        folder = local_checkpoint(path)
-        base = adapter_base(folder) if is_adapter(folder) else folder
-        model, tokenizer = load_policy(base)
-        model = place(model, placement)
-        if base != folder:
-            check_checkpoint(folder, parse_tokenizer=False)
-            model, tokenizer = load_adapter(model, folder), load_tokenizer(folder)
+        model, tokenizer, base = load_trained(path, placement)
         chat = chat_template(tokenizer, choice)
         stops = stop_ids(tokenizer, chat, _generation_config(base))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
@@ -148,6 +142,19 @@ class PolicyModel:
             chat = replace(chat, stops=tuple(dict.fromkeys([*chat.stops, *tokenizer.convert_ids_to_tokens(stops)])))
             warn_prefix_problems(path, chat.prefix_problems())
         return PolicyModel(model, tokenizer, *codec(tokenizer), chat, stops, pad)
+
+
+def load_trained(path: str | Path, placement: Placement = Placement()) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, Path]:
+    """The weights and tokenizer at `path` (see `load_policy`; a LoRA adapter folder loads on
+    its base; a GGUF file as its plain folder) placed by `placement`, and the base's folder."""
+    folder = local_checkpoint(path)
+    base = adapter_base(folder) if is_adapter(folder) else folder
+    model, tokenizer = load_policy(base)
+    model = place(model, placement)
+    if base != folder:
+        check_checkpoint(folder, parse_tokenizer=False)
+        model, tokenizer = load_adapter(model, folder), load_tokenizer(folder)
+    return model, tokenizer, base
 
 
 def newest_model(source: str | Path) -> Path:
@@ -164,8 +171,8 @@ def export_model(source: str | Path, out: str | Path, merge: bool, dtype: str = 
     tokenizer; a LoRA adapter folded into its base with `merge`, else saved as the adapter.
     `dtype` "bfloat16" halves the files (an adapter to ship in a repository); loading casts
     them back to the precision the run asks for."""
-    policy = PolicyModel.load(newest_model(source))
-    model = merged(policy.model) if merge else policy.model
+    model, tokenizer, _ = load_trained(newest_model(source))  # no chat format needed: weights and files only
+    model = merged(model) if merge else model
     model.to(getattr(torch, dtype)).save_pretrained(out)
-    policy.tokenizer.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return Path(out)
