@@ -55,7 +55,7 @@ def evaluate(cfg: Config, checkpoint: str | Path | None = None, name: str = "eva
     from toolpolicy.eval.run import evaluate as run_evaluation
 
     run_dir = Path(cfg.run_dir)
-    return run_evaluation(cfg, _model(cfg, checkpoint), name, run_dir, gate=gate)
+    return run_evaluation(cfg, scored_model(cfg, checkpoint), name, run_dir, gate=gate)
 
 
 def bfcl_v4(cfg: Config, checkpoint: str | Path | None = None, categories: str | None = None, limit: int | None = None) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def bfcl_v4(cfg: Config, checkpoint: str | Path | None = None, categories: str |
     from toolpolicy.eval.bfcl_v4 import bfcl_scores, load_v4, parse_categories
 
     entries = first_per_category(load_v4(parse_categories(categories)), limit)
-    return score_bfcl(cfg, _model(cfg, checkpoint), entries, Path(cfg.run_dir), name="bfcl_v4", groups=bfcl_scores)
+    return score_bfcl(cfg, scored_model(cfg, checkpoint), entries, Path(cfg.run_dir), name="bfcl_v4", groups=bfcl_scores)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -75,12 +75,18 @@ def format_summary(summary: dict[str, Any]) -> str:
     return tables(summary)
 
 
-def _model(cfg: Config, checkpoint: str | Path | None) -> Path | None:
-    """The model a scoring call runs: the one given, the config's, the run's newest, or none (served)."""
-    from toolpolicy.model import newest_model
-
+def scored_model(cfg: Config, checkpoint: str | Path | None = None) -> Path | None:
+    """The model a scoring call runs (`toolpolicy eval` and this API): the one given, else none
+    when the config names a served model (endpoint_url), else the config's eval_checkpoint,
+    else the run folder's newest (rl/final, sft/final, model); FileNotFoundError when it has none."""
     if checkpoint is not None:
         return Path(checkpoint)
     if cfg.endpoint_url:
         return None
-    return Path(cfg.eval_checkpoint) if cfg.eval_checkpoint else newest_model(cfg.run_dir)
+    if cfg.eval_checkpoint:
+        return Path(cfg.eval_checkpoint)
+    run_dir = Path(cfg.run_dir)
+    for candidate in (run_dir / "rl" / "final", run_dir / "sft" / "final", run_dir / "model"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise FileNotFoundError(f"{run_dir}: no model found (looked in rl/final, sft/final, model); set eval_checkpoint")

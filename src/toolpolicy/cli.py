@@ -388,6 +388,7 @@ def _interrupted_line(command: str, cfg: Config, run_dir: Path) -> str:
 
 def _evaluate(args: argparse.Namespace) -> int:
     """`toolpolicy eval`: one evaluation, or gate off and on side by side; tables to stdout."""
+    from toolpolicy.api import scored_model
     from toolpolicy.eval.run import evaluate
     from toolpolicy.report import format_comparison, format_summary
     from toolpolicy.report.comparison import wrong_write_lines
@@ -398,9 +399,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         args.overrides.append(f"eval_samples={args.trials}")
     cfg = _resolve(args)
     run_dir = Path(cfg.run_dir)
-    checkpoint = None
-    if not cfg.endpoint_url:
-        checkpoint = Path(cfg.eval_checkpoint) if cfg.eval_checkpoint else _newest_model(run_dir)
+    checkpoint = scored_model(cfg)
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, not {args.limit}")
     if args.bfcl == "v4":
@@ -422,13 +421,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(format_summary(evaluate(cfg, checkpoint, args.name, run_dir, gate=args.gate == "on")))
     print(f"results: {run_dir / 'eval'}")
     return 0
-
-
-def _newest_model(run_dir: Path) -> Path:
-    for candidate in (run_dir / "rl" / "final", run_dir / "sft" / "final", run_dir / "model"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise FileNotFoundError(f"{run_dir}: no model found (looked in rl/final, sft/final, model); set eval_checkpoint")
 
 
 def _quiet_libraries() -> None:
