@@ -18,7 +18,8 @@ tool mask), plus the messages TRL passes to the reward function. Each run also r
 prompt ids of every episode, as the side sampled from them, for the driver to compare.
 
 Each side imports its own library inside the functions that use it, so a toolpolicy run
-never imports trl and the driver imports neither library.
+never imports trl and the driver imports neither library (it asks `template_shows_tools`,
+which needs transformers alone, before any run).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 from result_file import write_result  # bench/ is on the path of a script run from it
 
 if TYPE_CHECKING:
+    from peft import LoraConfig
     from toolpolicy.config import Config
     from toolpolicy.rollout import Trajectory
     from transformers import PreTrainedTokenizerBase, TrainerCallback
@@ -55,6 +57,18 @@ class Workload:
     setting: str
     """single_turn (the model answers in one turn) or multi_turn (with the calculator)."""
     checkpoint: str
+    lora_rank: int
+    """Rank of the LoRA adapter both sides train (peft; toolpolicy's default target modules and
+    dropout on both); 0 trains every weight."""
+    lora_alpha: int
+    """LoRA scaling numerator (the update is scaled by alpha / rank); 0 without LoRA."""
+    dtype: str
+    """Compute precision, float32 or bfloat16: toolpolicy's `dtype`, TRL's `bf16` (autocast;
+    trainable weights stay float32, a LoRA model's frozen base is stored in this dtype)."""
+    chat_tools: str
+    """toolpolicy's `chat_tools`: template (the checkpoint's own tools section) or system
+    (Qwen2.5's Hermes block in the system message). TRL's single-turn prompt is toolpolicy's
+    rendering either way."""
     max_turns: int
     """Assistant turns per episode: 1, or 1 + the tool rounds TRL may run (max_tool_calling_iterations)."""
     max_completion_tokens: int
@@ -121,6 +135,8 @@ def toolpolicy_config(work: Workload, run_dir: Path) -> Config:
         "prompts_per_step": work.prompts, "group_size": work.group_size, "micro_batch_size": work.micro_batch,
         "temperature": work.temperature, "max_turns": work.max_turns,
         "max_tokens": work.max_completion_tokens, "max_turn_tokens": work.max_completion_tokens,
+        "dtype": work.dtype, "chat_tools": work.chat_tools,
+        **({"lora_rank": work.lora_rank, "lora_alpha": work.lora_alpha} if work.lora_rank else {}),
         "advantage": "grpo", "ratio_level": "token", "aggregation": "token_mean", "clip_low": 0.2, "clip_high": 0.28,
         "beta": 0.0, "log_kl": False, "dynamic_sampling": False, "max_refill_rounds": 0, "max_idle_steps": 0,
         "grad_clip": 1.0, "weight_decay": 0.0, "checkpoint_every": work.total_steps,
@@ -180,7 +196,8 @@ def run_toolpolicy(work: Workload, out_dir: Path) -> tuple[list[StepRecord], dic
         )
     steps = [StepRecord(row["time/step"], row["time/rollout"], **trajectory_counts(b)) for row, b in zip(rows, batches)]
     prompt_ids = [[t.token_ids[: t.prompt_len] for t in batch] for batch in batches]
-    return steps, {"threads_after": torch.get_num_threads(), "prompt_ids": prompt_ids}
+    extra = {"threads_after": torch.get_num_threads(), "trainable_params": rows[-1]["trainable_params"]}
+    return steps, {**extra, "prompt_ids": prompt_ids}
 
 
 # --- TRL -------------------------------------------------------------------------------------
@@ -203,21 +220,39 @@ def calculator(expression: str) -> str:
         return f"Error: {error}"
 
 
+def template_shows_tools(checkpoint: str) -> bool:
+    """Whether the checkpoint's own chat template, as `tokenizer.apply_chat_template` renders
+    it (TRL's tool loop does), shows the model a tool: the prompt changes when one is given."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    opening = [{"role": "user", "content": "Hi."}]
+
+    def prompt(tools: list[Callable[..., str]] | None) -> str:
+        return tokenizer.apply_chat_template(opening, tools=tools, add_generation_prompt=True, tokenize=False)
+
+    return prompt([calculator]) != prompt(None)
+
+
 def trl_dataset_rows(work: Workload, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
     """The same tasks toolpolicy draws, in the same order: step k's tasks are rows
     k*prompts .. (k+1)*prompts. Multi-turn rows are conversations (TRL renders them with the
-    tool); single-turn rows are that rendering as text, so TRL runs no tool loop."""
+    tool); single-turn rows are toolpolicy's own rendering of the prompt as text (its template
+    for `chat_tools`, with the same tools block), so TRL runs no tool loop."""
     from toolpolicy.envs import make_env
+    from toolpolicy.envs.base import listed_specs
+    from toolpolicy.model import ChatChoice, chat_template
     from toolpolicy.trainer.rl import train_seed
 
     env = make_env("calc")
+    template = chat_template(tokenizer, ChatChoice(tools=work.chat_tools))
     rows = []
     for step in range(work.total_steps):
         for task in env.tasks("train", work.prompts, seed=train_seed(work.seed, step)):
-            messages = [{"role": m.role, "content": m.content} for m in env.initial_messages(task)]
-            prompt: Any = messages
+            opening = env.initial_messages(task)
+            prompt: Any = [{"role": m.role, "content": m.content} for m in opening]
             if work.max_turns == 1:
-                prompt = tokenizer.apply_chat_template(messages, tools=[calculator], add_generation_prompt=True, tokenize=False)
+                prompt = template.render_prompt(opening, listed_specs(env, task))
             rows.append({"prompt": prompt, "answer": task.answer, "min_tool_calls": task.info["min_tool_calls"]})
     return rows
 
@@ -259,14 +294,17 @@ def trl_config(work: Workload, out_dir: Path) -> GRPOConfig:
     optimizer step (steps_per_generation = gradient_accumulation_steps, num_iterations 1),
     in micro-batches of micro_batch; DAPO's token-mean loss (TRL's loss_type="dapo"), clip
     0.2/0.28, beta 0 (no reference model); AdamW at a constant lr with betas (0.9, 0.99);
-    float32 on the CPU without gradient checkpointing (TRL defaults to bf16 and checkpointing)."""
+    the workload's dtype on the CPU without gradient checkpointing (TRL defaults to bf16 and
+    checkpointing). The model loads in float32 (TRL's default), a LoRA model's in the compute
+    dtype: toolpolicy stores the frozen base in it, and peft keeps the adapter in float32."""
     from trl import GRPOConfig
 
     if work.episodes % work.micro_batch:
         raise ValueError(f"prompts x group_size ({work.episodes}) must be a multiple of micro_batch ({work.micro_batch})")
     accumulation = work.episodes // work.micro_batch
     return GRPOConfig(
-        output_dir=str(out_dir), seed=work.seed, use_cpu=True, bf16=False, gradient_checkpointing=False,
+        output_dir=str(out_dir), seed=work.seed, use_cpu=True, bf16=work.dtype == "bfloat16", gradient_checkpointing=False,
+        model_init_kwargs={"dtype": work.dtype if work.lora_rank else "float32"},
         max_steps=work.total_steps, per_device_train_batch_size=work.micro_batch,
         gradient_accumulation_steps=accumulation, steps_per_generation=accumulation, num_iterations=1,
         num_generations=work.group_size, shuffle_dataset=False,
@@ -335,6 +373,21 @@ def calc_tokenizer(checkpoint: str, with_tools: bool) -> PreTrainedTokenizerBase
     return tokenizer
 
 
+def lora_config(work: Workload) -> LoraConfig | None:
+    """TRL's `peft_config`: the workload's rank and alpha on toolpolicy's default target modules
+    with its default dropout, as toolpolicy's `attach_lora` builds it; None without LoRA."""
+    if not work.lora_rank:
+        return None
+    from peft import LoraConfig
+    from toolpolicy.config import Config
+
+    fields = Config.model_fields
+    dropout, targets = (fields[name].get_default(call_default_factory=True) for name in ("lora_dropout", "lora_target_modules"))
+    return LoraConfig(
+        r=work.lora_rank, lora_alpha=work.lora_alpha, lora_dropout=dropout, target_modules=list(targets), task_type="CAUSAL_LM"
+    )
+
+
 def run_trl(work: Workload, out_dir: Path) -> tuple[list[StepRecord], dict[str, Any]]:
     """TRL's GRPOTrainer on the workload: multi-turn through its own tool loop (`tools=`)."""
     from datasets import Dataset
@@ -353,6 +406,7 @@ def run_trl(work: Workload, out_dir: Path) -> tuple[list[StepRecord], dict[str, 
         processing_class=tokenizer,
         tools=[calculator] if multi_turn else None,
         callbacks=[step_clock(seconds)],
+        peft_config=lora_config(work),
     )
     timed_generation(trainer, rollouts)
     trainer.train()
@@ -362,7 +416,9 @@ def run_trl(work: Workload, out_dir: Path) -> tuple[list[StepRecord], dict[str, 
         StepRecord(took, rollout.seconds, rollout.episodes, rollout.sampled_tokens, malformed_calls=0, **counts)
         for took, rollout, counts in zip(seconds, rollouts, episodes)
     ]
-    return steps, {"threads_after": torch.get_num_threads(), "prompt_ids": [r.prompt_ids for r in rollouts]}
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    extra = {"threads_after": torch.get_num_threads(), "trainable_params": trainable}
+    return steps, {**extra, "prompt_ids": [r.prompt_ids for r in rollouts]}
 
 
 RUNNERS: dict[str, Callable[[Workload, Path], tuple[list[StepRecord], dict[str, Any]]]] = {

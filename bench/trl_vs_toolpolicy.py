@@ -14,10 +14,14 @@ Each step is also split into rollout (sampling with tool calls, scoring) and the
 the load average around each run and the commit (flagging uncommitted changes under src/).
 
 Why it is fair, setting by setting:
-- the same model and tokenizer (checkpoints/calc-sft, a 1.8M-parameter Qwen2 in float32)
-  and the same prompts, token for token: both sides draw calc's training tasks with
+- the same model and tokenizer (`--checkpoint`, by default checkpoints/calc-sft, a 1.8M-parameter
+  Qwen2) and the same prompts, token for token: both sides draw calc's training tasks with
   toolpolicy's `train_seed`, TRL in the same order (`shuffle_dataset=False`), and every
   repeat checks that each episode's prompt ids, as each side sampled from them, are equal;
+- the same tools block: `--chat-tools` is toolpolicy's `chat_tools`, template (the
+  checkpoint's own tools section) or system (Qwen2.5's Hermes tools block in the system
+  message, for a template with none, such as SmolLM2's); TRL's single-turn prompt is
+  toolpolicy's own rendering as text, so it holds the same block;
 - per step 12 tasks x 8 samples at temperature 1.0 (no top-p/top-k), one generation batch =
   one optimizer step (TRL: `num_iterations=1`, `steps_per_generation` =
   `gradient_accumulation_steps` = 96 / 16, so no extra forward for old log-probabilities);
@@ -25,8 +29,16 @@ Why it is fair, setting by setting:
 - the same objective: GRPO group mean/std advantages, DAPO token-mean loss (TRL's
   `loss_type="dapo"`), clip 0.2/0.28, beta 0 with no reference model (toolpolicy:
   `log_kl: false`), every group trained (toolpolicy: no dynamic sampling), AdamW
-  (0.9, 0.99) at a constant lr 1e-4, gradient clip 1.0, float32 without gradient
-  checkpointing (TRL's defaults, bf16 and checkpointing, are switched off);
+  (0.9, 0.99) at a constant lr 1e-4, gradient clip 1.0, no gradient checkpointing (TRL's
+  default, switched off);
+- the same weights trained, in the same precision: every weight, or with `--lora-rank R` a
+  LoRA adapter of rank R and alpha `--lora-alpha` (default 2R) on toolpolicy's
+  `lora_target_modules` (the q, k, v, o, gate, up and down projections) with its
+  `lora_dropout` (0), given to TRL as `peft_config`; each run records its trainable
+  parameters. float32 (TRL's default `bf16` switched off), or with `--dtype bfloat16`
+  (toolpolicy's `dtype`, TRL's `bf16`) autocast to bfloat16 with float32 trainable weights;
+  a LoRA model's frozen base is then stored in bfloat16 on both sides (TRL loads it so,
+  toolpolicy casts it);
 - the same budget: `max_completion_length` (TRL) = `max_tokens` = `max_turn_tokens`
   (toolpolicy): tokens after the prompt, tool output included, and the most one turn may sample;
 - each run in a fresh process with the same torch thread count (and OMP_NUM_THREADS), runs
@@ -35,13 +47,17 @@ Why it is fair, setting by setting:
   samples (the same tasks on both sides), so repeats vary the work as well as the machine.
 
 The two settings:
-- single_turn: one assistant turn. Both prompts list the calculator (the model was trained
+- single_turn: one assistant turn. Both prompts list the calculator (calc-sft was trained
   with it); TRL gets the rendered prompt as text with a plain reward function on the
   completion and runs no tool loop; toolpolicy runs calc with `max_turns: 1`.
 - multi_turn: up to 4 assistant turns with the calculator. TRL runs its own tool loop
   (`GRPOTrainer(tools=[calculator])`, `max_tool_calling_iterations=3`): after each turn
   it parses calls with the tokenizer's response template, runs them, appends the tool
   turn's tokens (masked out of the loss) and generates again; toolpolicy runs its engine.
+  TRL renders the conversation with the tokenizer's own template, so this setting needs a
+  checkpoint whose template has a tools section, and `--chat-tools template`: on SmolLM2's
+  template TRL's model would never see the calculator. The bench refuses it there; run such
+  a model with `--settings single_turn`.
 
 Where the work is not identical (logged per step so it can be seen):
 - sampling is random on each side (own seeds), so the episodes differ; the counts per step
@@ -56,13 +72,20 @@ Where the work is not identical (logged per step so it can be seen):
 - toolpolicy puts a step's episodes into micro-batches group by group (each prompt runs
   once, its responses attending to it) and by length within a group; TRL shuffles them
   and runs every prompt with every sample. That is a difference of the implementations,
-  which is what is measured.
+  which is what is measured;
+- with LoRA in bfloat16, TRL samples through peft's `generate`, which calls the inner
+  model's forward, not the autocast one: the frozen base runs in bfloat16 as on toolpolicy's
+  side, but the adapter's products in float32 (peft casts their input to the adapter's
+  dtype), where toolpolicy's autocast runs them in bfloat16. The update is autocast on both.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_vs_toolpolicy.py [--steps 3] [--warmup 1] [--repeats 3]
         [--threads 1] [--settings single_turn,multi_turn] [--toolpolicy-set backend=vllm]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/trl_vs_toolpolicy.py --checkpoint models/smollm2 \
+        --lora-rank 8 --chat-tools system --dtype bfloat16 --settings single_turn
 
 Defaults take about 10 minutes on a quiet 2-core machine; results go to
-bench/results/trl_vs_toolpolicy.json.
+bench/results/trl_vs_toolpolicy.json, those of another checkpoint, LoRA, dtype or
+`--chat-tools` to bench/results/trl_vs_toolpolicy_<checkpoint folder>[_lora<R>][_bf16].json.
 """
 
 from __future__ import annotations
@@ -70,7 +93,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -82,11 +104,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from grpo_sides import SIDES, Workload
+from grpo_sides import SIDES, Workload, template_shows_tools
 from result_file import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDES_SCRIPT = Path(__file__).resolve().parent / "grpo_sides.py"
+RESULTS = ROOT / "bench" / "results"
+PUBLISHED = {"checkpoint": "checkpoints/calc-sft", "lora_rank": 0, "dtype": "float32", "chat_tools": "template"}
+"""The work of bench/results/trl_vs_toolpolicy.json; any other gets a result file of its own (`default_out`)."""
 SETTINGS = {  # name -> (max_turns, max_completion_tokens): calc-sft's one turn (64) and episode (192) budgets
     "single_turn": (1, 64),
     "multi_turn": (4, 192),
@@ -100,11 +125,46 @@ def workload(args: argparse.Namespace, setting: str, repeat: int) -> Workload:
     same tasks in a repeat, and the repeats together cover more than one set of tasks."""
     max_turns, budget = SETTINGS[setting]
     return Workload(
-        setting=setting, checkpoint="checkpoints/calc-sft", max_turns=max_turns,
+        setting=setting, checkpoint=args.checkpoint, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+        dtype=args.dtype, chat_tools=args.chat_tools, max_turns=max_turns,
         max_completion_tokens=budget, prompts=args.prompts, group_size=args.group_size, micro_batch=args.micro_batch,
         temperature=1.0, lr=1e-4, seed=args.seed + repeat, warmup_steps=args.warmup, steps=args.steps, threads=args.threads,
         toolpolicy_set=args.toolpolicy_set,
     )
+
+
+def check_tools(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: list[str]) -> None:
+    """Refuse work on which the two sides could not show the model the same tools."""
+    shows_tools = template_shows_tools(str(ROOT / args.checkpoint))
+    if "multi_turn" in settings and not shows_tools:
+        parser.error(
+            f"multi_turn is not a fair comparison on {args.checkpoint}: its chat template has no tools section (it "
+            "renders the same prompt with the calculator as without), and TRL's tool loop renders with that template, "
+            "so TRL's model would never see the calculator, which toolpolicy can show such a model only in the system "
+            "message (chat_tools: system); run --settings single_turn"
+        )
+    if "multi_turn" in settings and args.chat_tools != "template":
+        parser.error(
+            "multi_turn needs --chat-tools template: TRL's tool loop renders tools, calls and results with the "
+            "tokenizer's own template, so toolpolicy must show them the same way"
+        )
+    if args.chat_tools == "template" and not shows_tools:
+        parser.error(
+            f"the chat template of {args.checkpoint} has no tools section (it renders the same prompt with the "
+            "calculator as without); pass --chat-tools system to list the tools in a Hermes block in the system message"
+        )
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    """bench/results/trl_vs_toolpolicy.json for the published work, else
+    trl_vs_toolpolicy_<checkpoint folder>[_lora<R>][_bf16].json, so it is never overwritten."""
+    chosen = {key: getattr(args, key) for key in PUBLISHED}
+    if chosen == PUBLISHED:
+        return RESULTS / "trl_vs_toolpolicy.json"
+    parts = [Path(args.checkpoint).name]
+    parts += [f"lora{args.lora_rank}"] if args.lora_rank else []
+    parts += ["bf16"] if args.dtype == "bfloat16" else []
+    return RESULTS / f"trl_vs_toolpolicy_{'_'.join(parts)}.json"
 
 
 def run_side(side: str, work: Workload, folder: Path) -> dict[str, Any]:
@@ -175,18 +235,11 @@ def git_commit() -> str:
     return git("rev-parse", "HEAD") + (" (with uncommitted changes)" if git("status", "--porcelain", "--", "src") else "")
 
 
-def cpu_name() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    names = (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
-    return next(names, platform.processor())
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-        **{name: version(name) for name in ("torch", "transformers", "trl", "toolpolicy")},
-        "toolpolicy_commit": git_commit(),
-    }
+def software() -> dict[str, Any]:
+    """The libraries of both sides and toolpolicy's commit. `write_result` adds the machine
+    under "machine": CPU, its AVX512-BF16 and AMX-BF16 flags, cores, Python and torch."""
+    versions = {name: version(name) for name in ("transformers", "trl", "peft", "toolpolicy")}
+    return {**versions, "toolpolicy_commit": git_commit()}
 
 
 def print_table(settings: dict[str, Any]) -> None:
@@ -217,16 +270,34 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first repeat; repeat r uses seed + r")
     parser.add_argument(
+        "--checkpoint", default=PUBLISHED["checkpoint"],
+        help="model folder both sides train (relative to the repository, or absolute)",
+    )
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA adapter rank on both sides; 0 trains every weight")
+    parser.add_argument("--lora-alpha", type=int, help="LoRA scaling numerator (default 2 x rank)")
+    parser.add_argument(
+        "--chat-tools", choices=("template", "system"), default="template",
+        help="toolpolicy's chat_tools: the template's own tools section, or a Hermes block in the system message",
+    )
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="compute precision (toolpolicy's dtype, TRL's bf16)"
+    )
+    parser.add_argument(
         "--toolpolicy-set", action="append", default=[], metavar="KEY=VALUE",
         help="extra toolpolicy config field for how it runs (e.g. backend=vllm), as `toolpolicy train --set`",
     )
     parser.add_argument("--work", default="/tmp/bench-trl-vs-toolpolicy", help="run folders and logs")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "trl_vs_toolpolicy.json"))
+    parser.add_argument("--out", help="result file (default: see the end of the description)")
     args = parser.parse_args()
     settings = [name.strip() for name in args.settings.split(",") if name.strip()]
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+    if args.lora_rank < 0 or (args.lora_alpha is not None and not args.lora_rank):
+        parser.error("--lora-rank must be 0 (every weight) or more, and above 0 for --lora-alpha")
+    args.lora_alpha = (args.lora_alpha or 2 * args.lora_rank) if args.lora_rank else 0
+    args.out = args.out or str(default_out(args))
+    check_tools(parser, args, settings)
 
     schedule = [(repeat, setting, side) for repeat in range(args.repeats) for setting in settings for side in SIDES]
     runs: list[dict[str, Any]] = []
@@ -256,7 +327,7 @@ def main() -> None:
             }
             for name in settings
         },
-        "machine": machine(),
+        "software": software(),
         "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from toolpolicy.config import ConfigError, load_config
 from toolpolicy.envs.calc import CalcEnv
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.adapters import is_adapter
-from toolpolicy.model.placement import Placement
+from toolpolicy.model.placement import Placement, linear_weights_in
 from toolpolicy.rollout import HFBackend, Limits, RolloutEngine
 from toolpolicy.trainer.batch import collate, forward_logprobs
 
@@ -201,3 +201,20 @@ def test_the_decoder_and_head_called_alone_run_in_the_compute_dtype() -> None:
     hook.remove()
     assert seen == [torch.bfloat16] and model.get_output_embeddings()(hidden).dtype == torch.bfloat16
     assert model(input_ids=ids).logits.dtype == torch.bfloat16
+
+
+def test_linear_weights_stored_in_bfloat16_give_the_very_logits_of_autocast() -> None:
+    """An evaluation stores the linear weights in the compute dtype once (`linear_weights_in`)
+    instead of letting autocast cast them at every token: the logits are bit for bit those of
+    autocast, and the tied output head stays float32 for the embedding lookup that shares it."""
+    placement = Placement(device="cpu", dtype="bfloat16")
+    cast, stored = PolicyModel.load(CALC_SFT, ChatChoice(), placement), PolicyModel.load(CALC_SFT, ChatChoice(), placement)
+    count = linear_weights_in(stored.model, torch.bfloat16)
+    proj = stored.model.base_model.layers[0].self_attn.q_proj
+    assert proj.weight.dtype == torch.bfloat16 and count >= proj.weight.numel()
+    head, embeddings = stored.model.get_output_embeddings(), stored.model.get_input_embeddings()
+    assert head.weight is embeddings.weight and head.weight.dtype == torch.float32
+    ids = torch.tensor([stored.encode("Compute 12*7 with the calculator. Answer: 84")])
+    with torch.no_grad():
+        assert torch.equal(stored.model(input_ids=ids).logits, cast.model(input_ids=ids).logits)
+    assert linear_weights_in(PolicyModel.load(CALC_SFT).model, torch.float32) == 0  # float32 compute: nothing to store

@@ -242,3 +242,16 @@ def test_the_notes_server_runs_behind_gate_serve(tmp_path: Path) -> None:
         ("deploy-note-is-managed",),
     ]
     assert "the deploy note is managed by the operators" in text(seen["writes"][2])
+
+
+def test_the_tutorial_policy_on_the_page_is_the_file_and_holds_other_spellings_of_two_digits() -> None:
+    """docs/environments.md shows examples/adder/policy.yaml whole; its two-digit rule denies
+    what is not two digits on either side of the range, and the schema what is not an integer."""
+    text = (ROOT / "examples" / "adder" / "policy.yaml").read_text(encoding="utf-8")
+    assert f"```yaml\n{text}```" in (ROOT / "docs" / "environments.md").read_text(encoding="utf-8")
+    g = Gate(Policy.from_yaml(text, "examples/adder/policy.yaml"), [_spec("add", a="integer", b="integer")])
+    for a, b in [(120, 3), (-500, 30), (5, 30), (30, 100), (30, 9), (0, 0), (-10, 10)]:
+        assert g.decide(ToolCall("add", {"a": a, "b": b})).rule_ids == ("two-digits",), (a, b)
+    for a in ["12", 12.5, True, None]:
+        assert not g.decide(ToolCall("add", {"a": a, "b": 30})).allowed, a
+    assert g.decide(ToolCall("add", {"a": 10, "b": 99})).allowed

@@ -19,8 +19,11 @@ from toolpolicy.cli import main
 from toolpolicy.config import load_config
 from toolpolicy.eval.export import export_episodes
 from toolpolicy.rollout import Limits
+from toolpolicy.rollout.engine import prompt_ids
 from toolpolicy.rollout.store import read_step, stored_steps
-from toolpolicy.trainer.demonstrations import demonstrations, demonstrator_dialogue, demonstrator_scripts
+from toolpolicy.config import ConfigError
+from toolpolicy.trainer.demonstrations import demonstrations, demonstrator_dialogue, demonstrator_scripts, within_prompt_budget
+from toolpolicy.trainer.rl import draw_tasks, prompt_fits
 from toolpolicy.trainer.sft_data import SftDataError, data_examples, load_conversations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +50,36 @@ def test_exported_demonstrations_read_back_as_the_very_same_tokens_and_mask(calc
     assert [t.token_ids for t in back] == [d.token_ids for d in demos]
     assert [t.loss_mask for t in back] == [d.loss_mask for d in demos]
     assert [t.turn_spans for t in back] == [d.turn_spans for d in demos]
+
+
+def test_sft_keeps_the_examples_whose_prompt_fits_and_says_how_many(calc, capsys):
+    _, _, demos, _ = calc
+    lengths = sorted({d.prompt_len for d in demos})
+    assert len(lengths) > 1  # calc's questions differ in length, so the bound splits them
+    most = lengths[len(lengths) // 2]
+    kept = within_prompt_budget(demos, most)
+    assert kept == [d for d in demos if d.prompt_len <= most] and 0 < len(kept) < len(demos)
+    assert f"SFT keeps {len(kept)} of {len(demos)} examples" in capsys.readouterr().out
+    assert within_prompt_budget(demos, None) is demos
+    with pytest.raises(ConfigError, match=f"max_prompt_tokens.*the shortest has {lengths[0]}"):
+        within_prompt_budget(demos, lengths[0] - 1)
+
+
+def test_rl_draws_only_tasks_whose_prompt_fits_in_place_of_the_others(calc):
+    cfg, policy, _, _ = calc
+    env = build_env(cfg)
+    length = lambda task: len(prompt_ids(env, policy.chat, policy.encode, task))  # noqa: E731
+    drawn = env.tasks("train", 64, seed=5)
+    most = sorted(map(length, drawn))[32]
+    fits = prompt_fits(env, policy.chat, policy.encode, most)
+    tasks = draw_tasks(env, 16, 5, fits)
+    assert len(tasks) == 16 and all(length(t) <= most for t in tasks)
+    assert [t.id for t in tasks] == [t.id for t in env.tasks("train", 64, seed=5) if length(t) <= most][:16]
+    assert any(length(t) > most for t in env.tasks("train", 16, seed=5))  # the environment's own draw has longer ones
+    assert [t.id for t in draw_tasks(env, 16, 5, None)] == [t.id for t in env.tasks("train", 16, seed=5)]
+    shortest = min(map(length, env.tasks("train", 16 * 64, seed=5)))
+    with pytest.raises(ConfigError, match="max_prompt_tokens"):
+        draw_tasks(env, 16, 5, prompt_fits(env, policy.chat, policy.encode, shortest - 1))
 
 
 def test_tool_results_are_masked_and_assistant_turns_trained(calc, tmp_path):

@@ -18,7 +18,7 @@ from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, merged, store_frozen_in
 from toolpolicy.model.gguf import local_checkpoint
-from toolpolicy.model.placement import DTYPES, Placement, resolve_device, resolve_dtype
+from toolpolicy.model.placement import DTYPES, Placement, linear_weights_in, resolve_device, resolve_dtype
 from toolpolicy.rewards import Rubric, overlong
 from toolpolicy.rollout import Backend, HFBackend, Limits, RolloutEngine, allow_all_policy
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
@@ -103,6 +103,19 @@ def load_policy_model(cfg: Config, path: str | Path) -> PolicyModel:
     """The checkpoint at `path` in the chat format, on the device and in the precision the
     config asks for (a device the machine lacks is DeviceUnavailable)."""
     return PolicyModel.load(path, chat_choice(cfg), placement(cfg))
+
+
+def inference_policy(cfg: Config, path: str | Path) -> PolicyModel:
+    """The checkpoint at `path` for sampling only (evaluation): as `load_policy_model`, a LoRA
+    adapter folded into its base for the hf backend (one product a projection instead of
+    three: the vLLM backend serves the adapter itself), the linear weights stored in the
+    compute dtype (`linear_weights_in`)."""
+    policy = load_policy_model(cfg, path)
+    if cfg.backend == "hf":
+        policy.model = merged(policy.model)
+    policy.model.requires_grad_(False)
+    linear_weights_in(policy.model, DTYPES[placement(cfg).dtype])
+    return policy
 
 
 def trainable_policy(cfg: Config, path: str | Path, phase_dir: Path, resuming: bool) -> PolicyModel:

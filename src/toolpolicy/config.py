@@ -186,6 +186,12 @@ class Config(BaseModel):
     """A finished SFT checkpoint for `toolpolicy demo` to start RL from instead of building
     and fine-tuning the embedded model; empty runs both. The shipped `checkpoints/calc-sft`
     is reproduced by `toolpolicy sft src/toolpolicy/configs/demo.yaml --set run_dir=runs/calc-sft`."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """SFT examples and RL tasks whose prompt (the tokens before the first assistant turn:
+    system message, tools, question) is longer are left out, as verl's filter_overlong_prompts;
+    SFT says how many it kept, RL draws other tasks in their place. Evaluation keeps every
+    task. None keeps all. Long prompts cost time a step and may be unlike what the model is
+    evaluated on (BFCL's live entries with dozens of functions)."""
     sft_data: str = ""
     """SFT on conversations from a file instead of a demonstrator: OpenAI chat format (messages
     with tool_calls, and tools), as JSON Lines or a local Hugging Face `datasets` folder or file

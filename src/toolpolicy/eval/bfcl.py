@@ -34,7 +34,7 @@ from toolpolicy.rewards.bfcl import components, verdict
 from toolpolicy.rollout import GenRequest
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, decode_reply
 from toolpolicy.config import Config, ConfigError
-from toolpolicy.build import episode_limits, hf_backend, load_policy_model
+from toolpolicy.build import episode_limits, hf_backend, inference_policy
 from toolpolicy.types import Message, ToolCall
 
 __all__ = [  # Entry and its helpers are single_data's (the bfcl environment reads them too), named here for callers
@@ -182,7 +182,7 @@ def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCa
 def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
     if checkpoint is None:
         raise ConfigError("no model to score: set eval_checkpoint or endpoint_url")
-    policy = load_policy_model(cfg, checkpoint)
+    policy = inference_policy(cfg, checkpoint)
     template = policy.chat
     backend = hf_backend(cfg, policy, torch.Generator().manual_seed(cfg.eval_seed), cfg.eval_temperature)
     requests = [

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, load_policy_model, policy_path
+from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, inference_policy, policy_path
 from toolpolicy.envs import Env
 from toolpolicy.eval.metrics import EpisodeRecord, summarize
 from toolpolicy.rewards import RewardFunction, reward_function, term_means
@@ -108,7 +108,7 @@ def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool)
     """The environment, and the episodes of a local model with the tokens each generated after its prompt."""
     if checkpoint is None:
         raise ConfigError("no checkpoint to evaluate: set eval_checkpoint or endpoint_url")
-    policy = load_policy_model(cfg, checkpoint)
+    policy = inference_policy(cfg, checkpoint)
     generator = torch.Generator().manual_seed(cfg.eval_seed)
     with build_engine(cfg, policy, generator, cfg.eval_temperature, enforce=gate) as engine:
         figures = running_success(reward_function(engine.env.success_reward))

@@ -117,6 +117,27 @@ def place(model: torch.nn.Module, placement: Placement) -> torch.nn.Module:
     return model
 
 
+def linear_weights_in(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """For a model that only samples: store each linear layer's weight and bias in the compute
+    dtype, the very values autocast would cast them to on every forward, so the products are
+    the same without casting every weight at every decoded token. A weight shared with the input
+    embeddings (a tied output head) stays, since the embedding lookup reads it uncast. Returns
+    the number of parameters stored in `dtype`."""
+    if dtype == torch.float32:
+        return 0
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    shared = {id(p) for p in embeddings.parameters()} if embeddings is not None else set()
+    stored = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            for parameter in (module.weight, module.bias):
+                if parameter is not None and id(parameter) not in shared and parameter.dtype == torch.float32:
+                    parameter.requires_grad_(False)
+                    parameter.data = parameter.data.to(dtype)
+                    stored += parameter.numel()
+    return stored
+
+
 def entry_points(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules whose forward is called from outside: the model, its decoder stack
     (`base_model`) and its output head, each once."""

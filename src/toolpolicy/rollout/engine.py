@@ -160,6 +160,13 @@ def with_sessions(env: Env, episodes: list[Episode], turns: Callable[[list[Sessi
             finish(i)
 
 
+def prompt_ids(env: Env, template: ChatTemplate, encode: Encode, task: Task, messages: list[Message] | None = None) -> list[int]:
+    """The token ids an episode of `task` starts from: its opening messages (`messages`, else
+    the environment's) and the tools it is shown, rendered by the template."""
+    opening = env.initial_messages(task) if messages is None else messages
+    return list(encode(template.render_prompt(opening, listed_specs(env, task))))
+
+
 def opening_ledger(task: Task) -> Ledger:
     """An episode's ledger, holding from the start the facts its environment knows before the
     model acts (`task.info["gate_facts"]`: AgentDojo's request and the user's own records)."""
@@ -263,8 +270,8 @@ class RolloutEngine(GatedLoop):
 
     def start(self, task: Task) -> Trajectory:
         messages = self.env.initial_messages(task)
-        ids = self.encode(self.template.render_prompt(messages, listed_specs(self.env, task)))
-        return Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), Episode(task, list(messages)))
+        ids = prompt_ids(self.env, self.template, self.encode, task, messages)
+        return Trajectory(ids, [0] * len(ids), [0.0] * len(ids), len(ids), Episode(task, list(messages)))
 
     def run(
         self, tasks: list[Task], progress: str | None = None, seeds: list[int] | list[None] | None = None,

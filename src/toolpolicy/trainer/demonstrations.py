@@ -9,7 +9,7 @@ from pathlib import Path
 
 from toolpolicy.build import build_env, episode_limits
 from toolpolicy.chat import ChatTemplate
-from toolpolicy.config import Config
+from toolpolicy.config import Config, ConfigError
 from toolpolicy.model import char_codec, make_template
 from toolpolicy.model.embedded import ModelShape, save_embedded
 from toolpolicy.rollout import RolloutEngine, ScriptedBackend, Trajectory
@@ -61,6 +61,19 @@ def sft_examples(
     if cfg.sft_data:
         return data_examples(cfg.sft_data, template, encode, episode_limits(cfg), build_env(cfg))
     return demonstrations(cfg, n, template, encode, decode, seed_tag)
+
+
+def within_prompt_budget(examples: list[Trajectory], most: int | None) -> list[Trajectory]:
+    """The examples whose prompt is at most `most` tokens (all of them for None); an error
+    when none is, since SFT would have nothing to train on."""
+    if most is None:
+        return examples
+    kept = [t for t in examples if t.prompt_len <= most]
+    if not kept:
+        shortest = min((t.prompt_len for t in examples), default=0)
+        raise ConfigError(f"field 'max_prompt_tokens': no SFT example has a prompt of at most {most} tokens (the shortest has {shortest}); raise it or leave it unset")
+    print(f"SFT keeps {len(kept)} of {len(examples)} examples, those whose prompt is at most {most} tokens (max_prompt_tokens)")
+    return kept
 
 
 def build_embedded(cfg: Config, out_dir: Path) -> Path:

@@ -26,6 +26,7 @@ import copy
 import sys
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -37,12 +38,15 @@ from tqdm.auto import tqdm
 from toolpolicy.algorithms import Algorithm, first_groups
 from toolpolicy.algorithms.correction import Correction, mismatch_sums
 from toolpolicy.build import build_rubric, load_policy_model, trainable_policy
+from toolpolicy.chat import ChatTemplate
 from toolpolicy.config import Config, ConfigError
+from toolpolicy.envs.base import Env
 from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.dropped import dropped_line, dropped_metrics
+from toolpolicy.rollout.engine import Encode, prompt_ids
 from toolpolicy.rollout.store import EpisodeRecord, rewind, step_table, write_step
 from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches, update_order
 from toolpolicy.trainer.checkpoint import MetricsLog, Restored, restore_state, resume_from, save_checkpoint, save_final
@@ -59,6 +63,7 @@ from toolpolicy.trainer.credit import (
 from toolpolicy.trainer.distributed import World
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine
 from toolpolicy.trainer.trackers import open_trackers
+from toolpolicy.types import Task
 
 REFILL_SEED_STRIDE = 100_000_007  # refill rounds draw tasks far from every step's own seed
 
@@ -101,6 +106,8 @@ class Sampling:
     seed: int
     episode_streams: bool = False
     """Each episode samples from its own stream (episode_seed), not the batch's generator."""
+    fits: Callable[[Task], bool] | None = None
+    """Whether a task's prompt is within max_prompt_tokens (None: every task is drawn)."""
 
 
 @dataclass(frozen=True)
@@ -122,9 +129,28 @@ class StepRollouts:
     refill_rounds: int
 
 
+def draw_tasks(env: Env, n: int, seed: int, fits: Callable[[Task], bool] | None) -> list[Task]:
+    """`n` train tasks of `seed`: the environment's own draw, or with `fits` the first `n`
+    that fit among draws of 4, 16 and 64 times as many (the same tasks on every process)."""
+    if fits is None:
+        return env.tasks("train", n, seed=seed)
+    for factor in (4, 16, 64):
+        kept = [task for task in env.tasks("train", n * factor, seed=seed) if fits(task)]
+        if len(kept) >= n:
+            return kept[:n]
+    raise ConfigError(
+        f"field 'max_prompt_tokens': only {len(kept)} of {n * 64} train tasks drawn have a prompt that short, {n} needed a step; raise it"
+    )
+
+
+def prompt_fits(env: Env, template: ChatTemplate, encode: Encode, most: int) -> Callable[[Task], bool]:
+    """Whether a task's prompt (`prompt_ids`) is at most `most` tokens."""
+    return lambda task: len(prompt_ids(env, template, encode, task)) <= most
+
+
 def submit_round(rollouts: Rollouts, sampling: Sampling, step: int, refill: int) -> Pending:
     """Start the episodes of one round of `step`: group_size per task, groups contiguous."""
-    tasks = rollouts.env.tasks("train", sampling.prompts, seed=train_seed(sampling.seed, step, refill))
+    tasks = draw_tasks(rollouts.env, sampling.prompts, train_seed(sampling.seed, step, refill), sampling.fits)
     episodes = [task for task in tasks for _ in range(sampling.group_size)]
     seeds = [episode_seed(sampling.seed, step, refill, i) for i in range(len(episodes))] if sampling.episode_streams else None
     return rollouts.submit(episodes, seeds, sampling.group_size)
@@ -356,6 +382,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         sampler_model = sampling_policy.model if cfg.max_staleness else None
         rubric = build_rubric(cfg, engine.env.default_rewards)
         pool = LocalRollouts(engine, rubric, world, sampler_model)
+    if cfg.max_prompt_tokens is not None:
+        sampling = replace(sampling, fits=prompt_fits(pool.env, policy.chat, policy.encode, cfg.max_prompt_tokens))
     success = reward_function(pool.env.success_reward)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 

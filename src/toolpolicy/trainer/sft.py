@@ -27,7 +27,7 @@ from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
 from toolpolicy.trainer.checkpoint import MetricsLog, restore_state, resume_from, save_checkpoint, save_final
-from toolpolicy.trainer.demonstrations import build_embedded, sft_examples
+from toolpolicy.trainer.demonstrations import build_embedded, sft_examples, within_prompt_budget
 from toolpolicy.trainer.trackers import open_trackers
 
 
@@ -82,6 +82,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     policy = trainable_policy(cfg, checkpoint or base, phase_dir, resuming=checkpoint is not None)
     model = policy.model
     examples = sft_examples(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
+    examples = within_prompt_budget(examples, cfg.max_prompt_tokens)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
