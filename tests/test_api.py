@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,21 @@ def test_sft_train_and_evaluate_from_python_write_the_run_folder_the_commands_wr
 def test_unknown_names_are_attribute_errors():
     with pytest.raises(AttributeError, match="no attribute 'trian'"):
         tp.trian  # noqa: B018
+
+
+def test_the_model_scored_by_default_is_the_runs_newest_adapter_or_weights(tmp_path):
+    """A LoRA run's sft/final holds an adapter (adapter_config.json, no config.json): it is the
+    run's newest model, as weights are; rl/final comes before it; an empty run is an error."""
+    from toolpolicy.api import scored_model
+
+    cfg = tp.load_config(SMOKE, [f"run_dir={tmp_path}"])
+    with pytest.raises(FileNotFoundError, match="no model found"):
+        scored_model(cfg)
+    (tmp_path / "sft" / "final").mkdir(parents=True)
+    (tmp_path / "sft" / "final" / "adapter_config.json").write_text("{}")
+    assert scored_model(cfg) == tmp_path / "sft" / "final"
+    (tmp_path / "rl" / "final").mkdir(parents=True)
+    assert scored_model(cfg) == tmp_path / "sft" / "final"  # an empty folder holds no model
+    (tmp_path / "rl" / "final" / "config.json").write_text("{}")
+    assert scored_model(cfg) == tmp_path / "rl" / "final"
+    assert scored_model(cfg, "elsewhere") == Path("elsewhere")  # the one given comes first

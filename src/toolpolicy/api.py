@@ -85,8 +85,9 @@ def scored_model(cfg: Config, checkpoint: str | Path | None = None) -> Path | No
         return None
     if cfg.eval_checkpoint:
         return Path(cfg.eval_checkpoint)
-    run_dir = Path(cfg.run_dir)
-    for candidate in (run_dir / "rl" / "final", run_dir / "sft" / "final", run_dir / "model"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise FileNotFoundError(f"{run_dir}: no model found (looked in rl/final, sft/final, model); set eval_checkpoint")
+    from toolpolicy.model import run_model
+
+    found = run_model(cfg.run_dir)
+    if found is None:
+        raise FileNotFoundError(f"{cfg.run_dir}: no model found (looked in rl/final, sft/final, model); set eval_checkpoint")
+    return found

@@ -157,13 +157,19 @@ def load_trained(path: str | Path, placement: Placement = Placement()) -> tuple[
     return model, tokenizer, base
 
 
+def run_model(run_dir: str | Path) -> Path | None:
+    """A run folder's newest model: RUN/rl/final, else RUN/sft/final, else RUN/model (the
+    embedded model SFT built), the first that holds weights or a LoRA adapter; None if none does."""
+    run_dir = Path(run_dir)
+    for candidate in (run_dir / "rl" / "final", run_dir / "sft" / "final", run_dir / "model"):
+        if (candidate / "config.json").is_file() or is_adapter(candidate):
+            return candidate
+    return None
+
+
 def newest_model(source: str | Path) -> Path:
-    """A run folder's newest result (RUN/rl/final, else RUN/sft/final), or `source` itself."""
-    source = Path(source)
-    for final in (source / "rl" / "final", source / "sft" / "final"):
-        if final.is_dir():
-            return final
-    return source
+    """A run folder's newest model (`run_model`), or `source` itself (a model folder)."""
+    return run_model(source) or Path(source)
 
 
 def export_model(source: str | Path, out: str | Path, merge: bool, dtype: str = "float32") -> Path:
