@@ -93,6 +93,29 @@ def test_export_merge_writes_a_model_transformers_loads(lora_run: Path, tmp_path
     assert PolicyModel.load(out).stop_ids == policy.stop_ids  # tokenizer and template came along
 
 
+@pytest.mark.parametrize("frozen", [torch.float32, torch.bfloat16])
+def test_merged_weights_are_what_merging_gives_and_leave_the_model_alone(lora_run: Path, frozen: torch.dtype) -> None:
+    """What a sampler that takes whole weights receives for a LoRA policy (vLLM, the rollout
+    server): merge_and_unload's weights under the base's names, rounded once to the frozen
+    base's dtype, the model itself unchanged and still a peft model."""
+    import copy
+
+    from toolpolicy.model.adapters import merged, merged_weights, store_frozen_in
+
+    policy = PolicyModel.load(lora_run / "rl" / "final")
+    store_frozen_in(policy.model, frozen)
+    before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    weights = merged_weights(policy.model)
+    expected = merged(copy.deepcopy(policy.model)).state_dict()
+    assert weights.keys() == expected.keys() and not any("lora" in name for name in weights)
+    assert all(weights[name].dtype == frozen for name in expected if "proj" in name)
+    assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items())
+    base = {n.replace(".base_layer.", "."): t for n, t in policy.model.get_base_model().state_dict().items() if "lora_" not in n}
+    moved = {n for n, t in weights.items() if not torch.equal(t, base[n])}
+    assert moved and all(n.endswith("proj.weight") for n in moved), moved  # the adapted layers (every projection by default)
+    assert all(torch.equal(p, before[name]) for name, p in policy.model.named_parameters())
+
+
 def test_an_adapter_exported_in_bfloat16_is_half_the_size_and_loads_as_float32(lora_run: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

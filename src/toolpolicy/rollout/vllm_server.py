@@ -38,9 +38,10 @@ from typing import Any
 import httpx
 import torch
 
+from toolpolicy.model.adapters import merged_weights
 from toolpolicy.rollout.backends import Generation, GenRequest
 from toolpolicy.rollout.chat_endpoint import EndpointError, send
-from toolpolicy.rollout.vllm_engine import VLLMSettings, adapter_rank, unique_tensors
+from toolpolicy.rollout.vllm_engine import VLLMSettings, unique_tensors
 
 SERVED_NAME = "policy"
 
@@ -223,12 +224,11 @@ class EndpointBackend:
         return generations
 
     def sync(self, model: torch.nn.Module) -> None:
-        """Make the server sample from `model`'s current weights (call after each optimizer step)."""
-        if adapter_rank(model):
-            raise ValueError("backend: endpoint sends full weights; a LoRA policy needs backend vllm or hf")
+        """Make the server sample from `model`'s current weights (call after each optimizer
+        step): every weight, a peft model's adapter folded in."""
         from safetensors.torch import save
 
-        payload = base64.b64encode(save(unique_tensors(model.state_dict()))).decode("ascii")
+        payload = base64.b64encode(save(unique_tensors(merged_weights(model)))).decode("ascii")
         self._post_or_get("POST", "/collective_rpc", {"method": "load_weights_b64", "args": [payload]})
         self._post_or_get("POST", "/reset_prefix_cache")
 
