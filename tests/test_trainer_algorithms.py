@@ -64,6 +64,21 @@ def test_every_preset_takes_gradient_steps(algorithm: str, tmp_path: Path) -> No
     assert any(not torch.equal(before[name], after[name]) for name in before), "the weights did not change"
 
 
+@pytest.mark.parametrize("algorithm", ["dapo", "gspo"])
+def test_several_optimizer_steps_per_batch_move_the_ratio_and_the_clip_acts(algorithm: str, tmp_path: Path) -> None:
+    """mini_batches 2 x update_passes 2: four optimizer steps a batch, of which the last three
+    train a policy that has moved since it sampled, so the ratio leaves 1 and some tokens clip
+    (GSPO's sequence clip, narrow as in its paper, clips whole sequences)."""
+    args = ["train", str(SMOKE), "--set", f"init_from={CALC_SFT}", "--set", f"algorithm={algorithm}", "--set", "rl_steps=2",
+            "--set", f"run_dir={tmp_path}", "--set", "mini_batches=2", "--set", "update_passes=2", "--set", "rl_lr=0.001"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r["trained_episodes"]]
+    assert trained and all(r["optimizer_steps"] == min(2, r["kept_groups"]) * 2 for r in trained), rows
+    assert all(r["lr"] == 0.001 for r in rows)
+    assert max(r["ratio_max"] for r in trained) > 1.01 and max(r["clip_frac"] for r in trained) > 0
+
+
 def _trajectory(turn_spans: list[tuple[int, int]], events: list[Event], length: int, truncated: bool = False) -> Trajectory:
     episode = Episode(Task("t", "q", "a"), [], events, truncated=truncated)
     mask = [0] * length

@@ -17,6 +17,11 @@ log-probabilities must match:
     TRL importance_sampling_level="sequence", "grpo" == gspo_loss + "seq_mean_token_mean"
     TRL delta=c (INTELLECT-2 two-sided clip)       == ppo_clip_loss(dual_clip=c), for c > 1 + clip_high
 
+Several optimizer steps per rollout batch: TRL's num_iterations passes over a generation
+batch cut into steps_per_generation slices, gradient_accumulation_steps slices a step, each
+slice's loss by `_compute_loss`, against the trainer's own `train_on_batch` with
+update_passes and mini_batches on a stand-in model whose log-probabilities are parameters.
+
 Skipped, with the reason, when trl is not installed (`pip install trl`, the dev extra).
 """
 
@@ -56,7 +61,7 @@ class _OneProcess:
 
 
 def _trl_loss(logprobs, inputs, *, loss_type, level="token", eps_low=0.2, eps_high=0.2, beta=0.0, delta=None,
-              max_completion_length=None, accumulation_steps=1):
+              max_completion_length=None, accumulation_steps=1, steps_per_generation=None):
     """TRL's GRPOTrainer._compute_loss on a stub trainer whose model 'returns' `logprobs`."""
     stub = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *args, **kwargs: (logprobs, torch.zeros_like(logprobs), None),
@@ -67,7 +72,7 @@ def _trl_loss(logprobs, inputs, *, loss_type, level="token", eps_low=0.2, eps_hi
         epsilon_low=eps_low,
         epsilon_high=eps_high,
         beta=beta,
-        args=SimpleNamespace(delta=delta, use_bias_correction_kl=False, steps_per_generation=accumulation_steps),
+        args=SimpleNamespace(delta=delta, use_bias_correction_kl=False, steps_per_generation=steps_per_generation or accumulation_steps),
         use_vllm=False,
         vllm_importance_sampling_correction=False,
         model=SimpleNamespace(training=True),
@@ -214,3 +219,134 @@ def test_micro_batches_sum_like_trl_gradient_accumulation(trl_kwargs, our_kwargs
     full = float(_ours(new, inputs, **our_kwargs)[0])
     assert our_sum == pytest.approx(full, rel=1e-12)
     assert trl_sum == pytest.approx(full, rel=1e-12)
+
+
+class _ParameterLogprobs(torch.nn.Module):
+    """A stand-in policy: the log-probability of episode e's sampled token j is start[e, j] +
+    theta[e, j], theta trained from 0 (so the first step is on-policy and later ones are not).
+    Token 0 of each episode's ids is the episode's number, which is how `recompute` finds its row."""
+
+    def __init__(self, start: torch.Tensor):
+        super().__init__()
+        self.start = start
+        self.theta = torch.nn.Parameter(torch.zeros_like(start))
+
+    def logprobs(self, model, batch, temperature=1.0, with_entropy=False):
+        episodes = batch.input_ids[:, 0]  # [b]
+        width = batch.targets.shape[1]
+        values = (self.start[episodes, :width] + self.theta[episodes, :width]) * batch.loss_mask  # [b, l]
+        return values, torch.zeros_like(values) if with_entropy else None
+
+
+class _RecordingSGD(torch.optim.SGD):
+    """SGD that keeps each step's gradient."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, lr=lr)
+        self.grads = []
+
+    def step(self, closure=None):
+        self.grads.append(self.param_groups[0]["params"][0].grad.detach().clone())
+        return super().step(closure)
+
+
+MULTI_STEP_CASES = {
+    "dapo": (dict(loss_type="dapo", eps_high=0.28), ["algorithm=dapo"]),
+    "grpo": (dict(loss_type="grpo"), ["algorithm=grpo"]),
+    "gspo": (dict(loss_type="grpo", level="sequence", eps_low=3e-4, eps_high=4e-4), ["algorithm=gspo"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MULTI_STEP_CASES))
+def test_several_steps_per_batch_equal_trl_num_iterations(case):
+    """8 episodes (groups of 2); TRL: steps_per_generation 4 slices of 2, gradient_accumulation_steps
+    2, num_iterations 2 -> 4 optimizer steps; ours: mini_batches 2, update_passes 2 -> 4 steps.
+    The same gradient at every step, the same weights after, the same summed loss, to 1e-6;
+    and the later steps clip (the ratio has left 1), which one step per batch never does."""
+    from toolpolicy.algorithms.correction import Correction
+    from toolpolicy.rollout import Trajectory
+    from toolpolicy.trainer.rl import train_on_batch
+
+    trl_kwargs, settings = MULTI_STEP_CASES[case]
+    g = torch.Generator().manual_seed(7)
+    episodes, width, lr = 8, 6, 10.0  # a step large enough for the next ones to clip
+    lengths = [6, 4, 3, 6, 1, 5, 2, 6]
+    old = -torch.rand(episodes, width, generator=g) * 2  # [E, T] the sampler's log-probs
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).float()  # [E, T]
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.2, -1.2, -0.3, 0.3])  # [E], whole groups of 2
+    trajectories = [
+        Trajectory([e] + [1] * n, [0] + [1] * n, [0.0] + old[e, :n].tolist(), 1, None) for e, n in enumerate(lengths)
+    ]
+
+    # TRL: the generation batch in steps_per_generation slices, reused num_iterations times.
+    theta = torch.zeros(episodes, width, requires_grad=True)
+    trl_grads, trl_loss = [], 0.0
+    slices = [slice(2 * k, 2 * k + 2) for k in range(4)]
+    for _ in range(2):  # num_iterations
+        for step in range(2):  # steps_per_generation / gradient_accumulation_steps
+            theta.grad = None
+            for rows in slices[2 * step : 2 * step + 2]:
+                inputs = {
+                    "prompt_ids": torch.zeros(2, 1, dtype=torch.long), "prompt_mask": torch.ones(2, 1, dtype=torch.long),
+                    "completion_ids": torch.zeros(2, width, dtype=torch.long), "completion_mask": mask[rows].long(),
+                    "advantages": advantages[rows], "old_per_token_logps": old[rows], "num_items_in_batch": mask.sum(),
+                }
+                loss, _ = _trl_loss((old + theta)[rows], inputs, accumulation_steps=2, steps_per_generation=4, **trl_kwargs)
+                loss.backward()
+                trl_loss += float(loss)
+            trl_grads.append(theta.grad.clone())
+            with torch.no_grad():
+                theta -= lr * theta.grad
+
+    model = _ParameterLogprobs(old)
+    optimizer = _RecordingSGD([model.theta], lr)
+    learner = _learner(model, optimizer, Correction.named("none", 2.0), settings, mini_batches=2, passes=2)
+    done = train_on_batch(learner, trajectories, list(range(episodes)), advantages)
+    assert len(optimizer.grads) == len(trl_grads) == 4
+    for ours, theirs in zip(optimizer.grads, trl_grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(model.theta.detach(), theta.detach(), rtol=1e-6, atol=1e-6)
+    assert done.sums["loss"] == pytest.approx(trl_loss, rel=1e-6, abs=1e-6)
+    assert done.sums["clip_frac"] > 0  # later steps are off-policy, so the clip acts
+
+
+def _learner(model, optimizer, correction, cfg_settings, mini_batches, passes):
+    from toolpolicy.config import load_config
+    from toolpolicy.trainer.batch import Recompute
+    from toolpolicy.trainer.distributed import World
+    from toolpolicy.trainer.rl import Learner, UpdateSettings, algorithm_of
+
+    algorithm, _, _ = algorithm_of(load_config(None, cfg_settings))
+    return Learner(
+        model, None, [model.theta], optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), algorithm,
+        correction, Recompute(model.logprobs, lambda batch: int(batch.attention.sum())), World(), 0,
+        UpdateSettings(group_size=2, mini_batches=mini_batches, passes=passes, micro_batch_size=2, micro_batch_tokens=None,
+                       temperature=1.0, grad_clip=1e9),
+    )
+
+
+def test_tis_over_several_steps_takes_pi_old_before_the_first_step():
+    """TIS takes pi_old from the trainer: over several steps, from the weights that sampled
+    (one forward before the first step), not from the moved ones. With a sampler that agrees
+    with the trainer, TIS is then the uncorrected update step for step; taking pi_old from the
+    current weights instead would make every ratio 1 and clip nothing."""
+    from toolpolicy.algorithms.correction import Correction
+    from toolpolicy.rollout import Trajectory
+    from toolpolicy.trainer.rl import train_on_batch
+
+    g = torch.Generator().manual_seed(3)
+    lengths = [5, 3, 6, 2, 4, 6, 1, 5]
+    old = -torch.rand(8, 6, generator=g) * 2
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.2, -1.2, -0.3, 0.3])
+    trajectories = [Trajectory([e] + [1] * n, [0] + [1] * n, [0.0] + old[e, :n].tolist(), 1, None) for e, n in enumerate(lengths)]
+    runs = {}
+    for name in ("none", "tis"):
+        model = _ParameterLogprobs(old)
+        optimizer = _RecordingSGD([model.theta], 10.0)
+        learner = _learner(model, optimizer, Correction.named(name, 2.0), ["algorithm=dapo"], mini_batches=2, passes=2)
+        runs[name] = (train_on_batch(learner, trajectories, list(range(8)), advantages), optimizer.grads)
+    (none, none_grads), (tis, tis_grads) = runs["none"], runs["tis"]
+    for a, b in zip(none_grads, tis_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert tis.sums["clip_frac"] == pytest.approx(none.sums["clip_frac"]) and tis.sums["clip_frac"] > 0
+    assert tis.sums["mismatch/tokens"] == sum(lengths) and tis.sums["mismatch/abs_max"] < 1e-6  # measured once, before

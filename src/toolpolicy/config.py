@@ -235,7 +235,7 @@ class Config(BaseModel):
     init_from: str = ""
     """Checkpoint folder (or .gguf file) RL starts from; `toolpolicy demo` sets it to the SFT result."""
     rl_steps: int = Field(60, ge=0)
-    """RL optimizer steps (one rollout batch each)."""
+    """RL steps, one rollout batch each (mini_batches x update_passes optimizer steps on it)."""
     prompts_per_step: int = Field(8, ge=1)
     """Distinct tasks per RL step."""
     group_size: int = Field(8, ge=2)
@@ -245,6 +245,14 @@ class Config(BaseModel):
     rl_warmup_steps: int = Field(0, ge=0)
     """RL warm-up: the LR rises linearly to rl_lr over this many optimizer steps (an RL step that
     keeps no episode takes none and leaves the LR as it is); 0: rl_lr from the start."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per pass over an RL step's kept episodes, each on a run of whole groups
+    (verl's ppo_mini_batch_size, TRL's steps_per_generation / gradient_accumulation_steps).
+    Above 1 (or update_passes above 1) the policy moves away from the one that sampled, so
+    the ratio leaves 1 and the clip ranges, GSPO's sequence ratio and dual clip act; at 1 and
+    1 the ratio is 1 on every token and they do nothing."""
+    update_passes: int = Field(1, ge=1)
+    """Passes over an RL step's kept episodes (verl's ppo_epochs, TRL's num_iterations)."""
     algorithm: str = ""
     """A preset from the literature (grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, gdpo, gtpo,
     otc; see toolpolicy.algorithms.presets): it sets the knobs below that the config does

@@ -48,14 +48,18 @@ class Correction:
     old_policy: OldPolicy
     cap: float
     """The TIS cap; tokens past it are counted by `mismatch_sums` whatever the correction."""
+    uses_trainer: bool
+    """Whether pi_old is the trainer's log-probs under the sampling weights (so an update of
+    several optimizer steps must take them before the first one moves the weights)."""
 
     @staticmethod
     def named(name: str, cap: float) -> Correction:
         """"none" or "tis" (ValueError names the valid ones)."""
-        table: dict[str, OldPolicy] = {"none": sampler_old_policy, "tis": partial(tis_old_policy, cap=cap)}
+        table: dict[str, tuple[OldPolicy, bool]] = {"none": (sampler_old_policy, False), "tis": (partial(tis_old_policy, cap=cap), True)}
         if name not in table:
             raise ValueError(f"unknown rollout correction {name!r}; valid names: {sorted(table)}")
-        return Correction(table[name], cap)
+        policy, uses_trainer = table[name]
+        return Correction(policy, cap, uses_trainer)
 
 
 def mismatch_sums(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, cap: float) -> dict[str, float]:

@@ -5,15 +5,19 @@ cursor), roll out `group_size` episodes per task with the multi-turn engine, sco
 them with the environment's Rubric into a reward matrix [B, C], turn it into
 advantages, keep the groups that carry a signal for the estimator (DAPO dynamic
 sampling, refilled up to max_refill_rounds) and the episodes the filters keep, and
-take one policy-gradient step on the sampled tokens. A run in which no group carries a
-signal for `max_idle_steps` steps in a row has nothing to learn from and stops (TrainingStalled).
+take policy-gradient steps on the sampled tokens: `update_passes` passes over them,
+each cut into `mini_batches` optimizer steps on runs of whole groups (one step by
+default; `train_on_batch`). A run in which no group carries a signal for
+`max_idle_steps` steps in a row has nothing to learn from and stops (TrainingStalled).
 
 The objective (estimator, ratio level, KL estimator, aggregation), the credit
 (outcome or turn) and the filters are chosen once, before the loop, from the
-config (`algorithm:` presets, or each knob; see toolpolicy.algorithms). Relative
-to the papers this simplifies: one optimizer step per rollout batch (so the old
-policy is the rollout policy and its log-probabilities are the rollout's own,
-recorded at sampling time: the ratio is 1 on every micro-batch); no value model.
+config (`algorithm:` presets, or each knob; see toolpolicy.algorithms). The old
+policy is the rollout policy: its log-probabilities are the rollout's own, recorded at
+sampling time (with TIS, the trainer's under the sampling weights, taken before the
+first step when there are several). With one optimizer step per batch the ratio is 1
+on every token and clipping never acts; every later step of the batch trains a policy
+that has moved. No value model.
 Token ids stay exactly as sampled and tool output is masked out of the loss.
 
     toolpolicy train CONFIG [--set key=value ...]
@@ -23,6 +27,7 @@ Token ids stay exactly as sampled and tool output is masked out of the loss.
 from __future__ import annotations
 
 import copy
+import itertools
 import sys
 import time
 from collections import Counter, defaultdict, deque
@@ -181,8 +186,8 @@ def sample_groups(
 
 
 UPDATE_SUMS = (
-    "loss", "entropy", "clip_frac", "ratio", "kl", "mismatch/abs", "mismatch/kl", "mismatch/truncated", "tokens/update",
-    "tokens/reference",
+    "loss", "entropy", "clip_frac", "ratio", "kl", "mismatch/abs", "mismatch/kl", "mismatch/truncated", "mismatch/tokens",
+    "tokens/update", "tokens/reference", "trained_tokens",
 )
 UPDATE_MAXIMA = ("ratio_max", "mismatch/abs_max")
 
@@ -214,6 +219,8 @@ def policy_update(
     micro_batch_size: int,
     totals: Totals | None = None,
     micro_batch_tokens: int | None = None,
+    before: Tensor | None = None,
+    measure_mismatch: bool = True,
 ) -> Update:
     """Accumulate the objective's gradient over micro-batches. Returns detached sums (UPDATE_SUMS,
     each token sum not yet divided) and maxima (UPDATE_MAXIMA), which `update_metrics` finishes,
@@ -225,7 +232,10 @@ def policy_update(
     batch None: this rank has no episode to train this step (zero sums, no gradient).
     Log-probabilities are recomputed as `recompute` says (each distinct prompt once, unless
     gradient checkpointing is on) at the rollout's sampling `temperature`; their gap to
-    the sampler's is measured (`mismatch/*`) and, with TIS, corrected."""
+    the sampler's is measured (`mismatch/*`, unless `measure_mismatch` is off) and, with
+    TIS, corrected. `before` [B, L-1]: the trainer's log-probs under the weights that
+    sampled, when earlier optimizer steps on this batch have moved the model since (TIS
+    takes pi_old from them); None: the ones computed here are those."""
     sums = dict.fromkeys(UPDATE_SUMS + UPDATE_MAXIMA, 0.0)
     recomputed: list[Tensor] = []
     if batch is None:
@@ -241,36 +251,200 @@ def policy_update(
         if reference is not None:
             with torch.no_grad(), reference_mode(reference):
                 ref_logprobs, _ = recompute.logprobs(reference, piece, temperature)  # [b, l]
-        old_logprobs, weights = correction.old_policy(logprobs, piece.old_logprobs)  # [b, l], [b, l] or None
+        sampler_trainer = logprobs if before is None else before[rows, : logprobs.shape[1]].to(device)  # [b, l]
+        old_logprobs, weights = correction.old_policy(sampler_trainer, piece.old_logprobs)  # [b, l], [b, l] or None
         loss, stats = algorithm.objective(
             logprobs, old_logprobs, piece_advantages, piece.loss_mask, ref_logprobs, total_tokens, total_sequences, weights
         )
         loss.backward()
         recomputed += [row[mask.bool()].float().cpu() for row, mask in zip(logprobs.detach(), piece.loss_mask)]
         weight = float(piece.loss_mask.sum())
-        mismatch = mismatch_sums(logprobs, piece.old_logprobs, piece.loss_mask, correction.cap)
         sums["loss"] += float(loss.detach())
         sums["entropy"] += float((entropy * piece.loss_mask).sum())
         sums["clip_frac"] += stats["clip_fraction"] * weight
         sums["ratio"] += stats["ratio_mean"] * weight
         sums["kl"] += stats.get("kl_sum", 0.0)
-        for key in ("abs", "kl", "truncated"):
-            sums[f"mismatch/{key}"] += mismatch[key]
+        sums["trained_tokens"] += weight
+        if measure_mismatch:
+            mismatch = mismatch_sums(sampler_trainer, piece.old_logprobs, piece.loss_mask, correction.cap)
+            for key in ("abs", "kl", "truncated"):
+                sums[f"mismatch/{key}"] += mismatch[key]
+            sums["mismatch/tokens"] += weight
+            sums["mismatch/abs_max"] = max(sums["mismatch/abs_max"], mismatch["abs_max"])
         tokens = recompute.tokens(piece)
         sums["tokens/update"] += tokens  # forward and backward of the policy
         sums["tokens/reference"] += tokens if reference is not None else 0
         sums["ratio_max"] = max(sums["ratio_max"], stats["ratio_max"])
-        sums["mismatch/abs_max"] = max(sums["mismatch/abs_max"], mismatch["abs_max"])
     return Update(sums, recomputed)
 
 
-def update_metrics(sums: dict[str, float], total_tokens: float, with_reference: bool) -> dict[str, float]:
-    """The step's update metrics from `policy_update`'s sums: loss and token counts as they
-    are, maxima, and per-token means (kl only when a reference model ran)."""
-    out = {key: sums[key] for key in ("loss", "tokens/update", "tokens/reference") + UPDATE_MAXIMA}
-    means = ("entropy", "clip_frac", "ratio", "mismatch/abs", "mismatch/kl", "mismatch/truncated")
-    for key in means + (("kl",) if with_reference else ()):
-        out[key] = sums[key] / max(total_tokens, 1.0)
+def optimizer_runs(order: list[int], group_size: int, mini_batches: int, passes: int) -> list[list[int]]:
+    """The episodes of each optimizer step on one rollout batch: `passes` times over the kept
+    episodes `order` (listed group by group), each pass cut into `mini_batches` runs of whole
+    groups, as equal in groups as they can be (fewer runs when fewer groups were kept), in
+    the same order every pass.
+
+    >>> optimizer_runs([0, 1, 2, 3, 6, 7], group_size=2, mini_batches=2, passes=2)
+    [[0, 1, 2, 3], [6, 7], [0, 1, 2, 3], [6, 7]]
+    >>> optimizer_runs([4, 5], group_size=2, mini_batches=4, passes=1)
+    [[4, 5]]
+    """
+    groups = [list(members) for _, members in itertools.groupby(order, key=lambda i: i // group_size)]
+    count = min(mini_batches, len(groups))
+    if not count:
+        return []
+    bounds = [round(k * len(groups) / count) for k in range(count + 1)]
+    return [[i for group in groups[a:b] for i in group] for a, b in zip(bounds, bounds[1:])] * passes
+
+
+class Before(NamedTuple):
+    """The trainer's log-probs of a batch's kept episodes under the weights that sampled them,
+    taken before the first of several optimizer steps moves them (what TIS needs as pi_old),
+    and their mismatch to the sampler's (`mismatch_sums` summed, with `mismatch/tokens`)."""
+
+    logprobs: dict[int, Tensor]
+    """episode -> [len(token_ids) - 1], the batch layout's row (0 where nothing was sampled)."""
+    mismatch: dict[str, float]
+
+
+def trainer_before(learner: Learner, trajectories: list[Trajectory], episodes: list[int], steps: int) -> Before | None:
+    """`Before` of `episodes` (this rank's share of the kept ones), when the update takes more than
+    one optimizer step and the correction takes pi_old from the trainer; else None (pi_old is
+    the sampler's own, or the first forward of the only step is it)."""
+    if steps <= 1 or not learner.correction.uses_trainer or not episodes:
+        return None
+    s = learner.settings
+    logprobs: dict[int, Tensor] = {}
+    mismatch = dict.fromkeys(("mismatch/abs", "mismatch/kl", "mismatch/truncated", "mismatch/tokens", "mismatch/abs_max"), 0.0)
+    batch = collate([trajectories[i] for i in episodes], learner.pad_id)
+    device = device_of(learner.model)
+    learner.model.eval()
+    with torch.no_grad():
+        for rows, piece in micro_batches(batch, s.micro_batch_size, s.micro_batch_tokens):
+            piece = piece.to(device)
+            values, _ = learner.recompute.logprobs(learner.model, piece, s.temperature)  # [b, l]
+            found = mismatch_sums(values, piece.old_logprobs, piece.loss_mask, learner.correction.cap)
+            for key in ("abs", "kl", "truncated"):
+                mismatch[f"mismatch/{key}"] += found[key]
+            mismatch["mismatch/tokens"] += float(piece.loss_mask.sum())
+            mismatch["mismatch/abs_max"] = max(mismatch["mismatch/abs_max"], found["abs_max"])
+            for episode, row in zip(episodes[rows], values.cpu()):
+                logprobs[episode] = row
+    return Before(logprobs, mismatch)
+
+
+def rows_of(before: Before, episodes: list[int]) -> Tensor:
+    """`before`'s log-probs of `episodes` in the layout `collate` gives them.   [b, L-1]"""
+    width = max(len(before.logprobs[i]) for i in episodes)
+    out = torch.zeros(len(episodes), width)
+    for row, i in enumerate(episodes):
+        values = before.logprobs[i][:width]
+        out[row, : len(values)] = values
+    return out
+
+
+def add_sums(sums: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """`policy_update` sums added up over optimizer steps (maxima: the larger)."""
+    return {key: max(value, more.get(key, value)) if key in UPDATE_MAXIMA else value + more.get(key, 0.0) for key, value in sums.items()}
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The config's fields the update on one rollout batch reads."""
+
+    group_size: int
+    mini_batches: int
+    passes: int
+    micro_batch_size: int
+    micro_batch_tokens: int | None
+    temperature: float
+    grad_clip: float
+
+    @staticmethod
+    def of(cfg: Config) -> UpdateSettings:
+        return UpdateSettings(
+            cfg.group_size, cfg.mini_batches, cfg.update_passes, cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.temperature,
+            cfg.grad_clip,
+        )
+
+
+@dataclass(frozen=True)
+class Learner:
+    """What the update on a rollout batch steps, and how it computes the loss."""
+
+    model: torch.nn.Module
+    reference: torch.nn.Module | None
+    trainable: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    algorithm: Algorithm
+    correction: Correction
+    recompute: Recompute
+    world: World
+    pad_id: int
+    settings: UpdateSettings
+
+
+class BatchUpdate(NamedTuple):
+    """What `train_on_batch` did: this rank's `policy_update` sums over every optimizer step,
+    the trainer's log-probs of each episode it trained (from the first pass), and the
+    gradient norm of each optimizer step (before clipping)."""
+
+    sums: dict[str, float]
+    recomputed: dict[int, list[float]]
+    grad_norms: list[float]
+
+
+def train_on_batch(learner: Learner, trajectories: list[Trajectory], order: list[int], advantages: Tensor) -> BatchUpdate:
+    """The optimizer steps on one rollout batch's kept episodes `order` (group by group; `optimizer_runs`).
+
+    Each step's loss is normalised by the whole batch's trained tokens and sequences divided
+    by the steps of a pass, so the steps of a pass sum to that many times the batch's loss
+    and each step's gradient estimates the whole batch's (TRL normalises the same way when
+    steps_per_generation exceeds gradient_accumulation_steps)."""
+    s = learner.settings
+    world = learner.world
+    runs = optimizer_runs(order, s.group_size, s.mini_batches, s.passes)
+    per_pass = len(runs) // s.passes
+    totals = Totals(sum(trajectories[i].sampled_tokens for i in order) / per_pass, len(order) / per_pass)
+    first_pass = [i for run in runs[:per_pass] for i in rank_share(run, s.group_size, world)]
+    before = trainer_before(learner, trajectories, first_pass, len(runs))
+    sums = dict.fromkeys(UPDATE_SUMS + UPDATE_MAXIMA, 0.0)
+    if before is not None:
+        sums = add_sums(sums, before.mismatch)
+    recomputed: dict[int, list[float]] = {}
+    grad_norms = []
+    learner.model.train()
+    for number, run in enumerate(runs):
+        learner.optimizer.zero_grad(set_to_none=True)
+        mine = update_order(rank_share(run, s.group_size, world), trajectories, s.micro_batch_size)
+        part, logprobs = policy_update(
+            learner.model, learner.reference, collate([trajectories[i] for i in mine], learner.pad_id) if mine else None,
+            advantages[mine], learner.algorithm, learner.correction, learner.recompute, s.temperature, s.micro_batch_size,
+            totals, s.micro_batch_tokens, None if before is None or not mine else rows_of(before, mine),
+            measure_mismatch=before is None and number == 0,  # the weights that sampled, still
+        )
+        sums = add_sums(sums, part)
+        if number < per_pass:  # the first pass sees every episode once
+            recomputed.update(zip(mine, (lp.tolist() for lp in logprobs)))
+        world.sum_gradients(learner.trainable)
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(learner.trainable, s.grad_clip)))
+        learner.optimizer.step()
+        learner.scheduler.step()  # the LR schedule counts optimizer steps
+    return BatchUpdate(sums, recomputed, grad_norms)
+
+
+def update_metrics(sums: dict[str, float], optimizer_steps: int, with_reference: bool) -> dict[str, float]:
+    """The step's update metrics from `policy_update`'s sums over its `optimizer_steps`: the
+    loss per optimizer step, token counts as they are, maxima, and per-token means over
+    every token trained (kl only when a reference model ran) or, for the sampler/trainer
+    mismatch, over the tokens it was measured on."""
+    out = {key: sums[key] for key in ("tokens/update", "tokens/reference") + UPDATE_MAXIMA}
+    out["loss"] = sums["loss"] / max(optimizer_steps, 1)
+    for key in ("entropy", "clip_frac", "ratio") + (("kl",) if with_reference else ()):
+        out[key] = sums[key] / max(sums["trained_tokens"], 1.0)
+    for key in ("mismatch/abs", "mismatch/kl", "mismatch/truncated"):
+        out[key] = sums[key] / max(sums["mismatch/tokens"], 1.0)
     return out
 
 
@@ -362,6 +536,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     optimizer = torch.optim.AdamW(trainable, lr=cfg.rl_lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     warmup = max(1, cfg.rl_warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    learner = Learner(model, reference, trainable, optimizer, scheduler, algorithm, correction, recompute, world, policy.pad_id, UpdateSettings.of(cfg))
     sampler = torch.Generator().manual_seed(cfg.seed)
     restored = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else Restored(0, None)
     start = restored.step
@@ -388,7 +563,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 
     ahead: deque[tuple[int, Pending]] = deque()  # submitted first rounds of the next steps, with their weights' version
-    updates = start  # optimizer steps the trainer's weights have had (a resumed run's samplers load them)
+    updates = start  # rollout batches the trainer's weights have been updated on (a resumed run's samplers load them)
     try:
         steps = tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps, disable=not world.main)
         counted = pool.counts()  # token positions the samplers ran before this step (one gather per step)
@@ -399,7 +574,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             while len(ahead) <= cfg.max_staleness and step + len(ahead) < cfg.rl_steps:
                 ahead.append((updates, submit_round(pool, sampling, step + len(ahead), 0)))
             version, first = ahead.popleft()
-            staleness = updates - version  # optimizer steps the first round's sampler had not seen
+            staleness = updates - version  # batches' updates the first round's sampler had not seen
             rollouts = sample_groups(pool, rubric, credit, sampling, step, first)
             trajectories = rollouts.trajectories
             rollout_time = time.perf_counter() - began
@@ -409,42 +584,31 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             advantages = credit.advantages(trajectories, rollouts.rewards, rollouts.weights, cfg.group_size)  # [B] or [B, L-1]
             keep = update_mask(trajectories, rollouts.groups, rollouts.usable, cfg.group_size, filters)  # [B]
 
-            # 3. One policy-gradient step on the kept episodes' sampled tokens.
-            model.train()
-            optimizer.zero_grad(set_to_none=True)
+            # 3. Policy-gradient steps on the kept episodes' sampled tokens: update_passes passes over
+            # them, each cut into mini_batches optimizer steps on runs of whole groups.
             # Kept episodes group by group, by length within a group (this rank's share is whole groups;
             # update_order then picks the micro-batch layout that runs the fewest positions).
             order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: (i // cfg.group_size, len(trajectories[i].token_ids)))
             update: dict[str, float] = {}
             recomputed: dict[int, list[float]] = {}  # episode -> the trainer's log-probs of its sampled tokens
-            grad_norm = 0.0
+            grad_norms: list[float] = []
+            lr = scheduler.get_last_lr()[0]  # the LR of the step's first optimizer step
             if order:
-                totals = Totals(float(sum(trajectories[i].sampled_tokens for i in order)), float(len(order)))
-                mine = rank_share(order, cfg.group_size, world)  # every kept episode, when one process trains
-                mine = update_order(mine, trajectories, cfg.micro_batch_size)
-                sums, logprobs = policy_update(
-                    model, reference, collate([trajectories[i] for i in mine], policy.pad_id) if mine else None,
-                    advantages[mine], algorithm, correction, recompute, cfg.temperature, cfg.micro_batch_size, totals,
-                    cfg.micro_batch_tokens,
-                )
+                done = train_on_batch(learner, trajectories, order, advantages)
+                grad_norms, recomputed = done.grad_norms, done.recomputed
                 if cfg.store_rollouts:
-                    recomputed = dict(world.gather([(i, lp.tolist()) for i, lp in zip(mine, logprobs)]))
-                world.sum_gradients(trainable)
-                update = update_metrics(world.reduce_stats(sums, UPDATE_MAXIMA), totals.tokens, reference is not None)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
-                optimizer.step()
+                    recomputed = dict(world.gather(list(recomputed.items())))
+                update = update_metrics(world.reduce_stats(done.sums, UPDATE_MAXIMA), len(grad_norms), reference is not None)
                 updates += 1
                 pool.sync(model)  # a sampler with its own copy of the weights gets the new ones
-            lr = scheduler.get_last_lr()[0]
-            if order:  # the LR schedule counts optimizer steps: a step that trained nothing leaves it
-                scheduler.step()
 
             # 4. Log and checkpoint.
             record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, rollouts.scores, success), **update}
             signal_groups = int((rollouts.groups & rollouts.signal).sum())
             record.update({"kept_groups": int(rollouts.groups.sum()), "signal_groups": signal_groups})
             record["trained_episodes"] = len(order)
-            record.update({"refill_rounds": rollouts.refill_rounds, "grad_norm": grad_norm, "lr": lr})
+            record.update({"refill_rounds": rollouts.refill_rounds, "lr": lr, "optimizer_steps": len(grad_norms)})
+            record["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
             record["staleness"] = staleness
             if store is not None:
                 stored = time.perf_counter()
