@@ -19,7 +19,7 @@ import torch
 from toolpolicy.algorithms import gdpo_advantages, grpo_advantages
 from toolpolicy.model import PolicyModel
 from toolpolicy.rewards import Rubric
-from toolpolicy.config import load_config
+from toolpolicy.build import load_config
 from toolpolicy.build import build_engine
 
 from result_file import write_result  # bench/ is on the path of a script run from it
@@ -36,19 +36,19 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "advantage_resolution.json"))
     args = parser.parse_args()
-    cfg = load_config(ROOT / "src/toolpolicy/configs/demo.yaml", ["run_dir=/tmp/advantage-resolution"])
+    cfg = load_config(ROOT / "src/toolpolicy/configs/demo.yaml", ["run.dir=/tmp/advantage-resolution"])
     policy = PolicyModel.load(ROOT / "checkpoints/calc-sft")
-    with build_engine(cfg, policy, torch.Generator().manual_seed(0), cfg.temperature) as engine:
+    with build_engine(cfg, policy, torch.Generator().manual_seed(0), cfg.rl.temperature) as engine:
         tasks = engine.env.tasks("train", args.groups, seed=123)
-        trajectories = engine.run([t for t in tasks for _ in range(cfg.group_size)], progress="rollouts")
+        trajectories = engine.run([t for t in tasks for _ in range(cfg.rl.group_size)], progress="rollouts")
         rubric = Rubric.from_weights(engine.env.default_rewards)
     terms = [t for t in rubric.terms if t.weight != 0]
     scores = [rubric.score(t.episode) for t in trajectories]
     components = torch.tensor([[s.components[t.name] for t in terms] for s in scores])  # [B, C]
     weights = torch.tensor([t.weight for t in terms])  # [C]
-    grpo = grpo_advantages(torch.tensor([s.total for s in scores]), cfg.group_size).tolist()
-    gdpo = gdpo_advantages(components, weights, cfg.group_size).tolist()
-    size = cfg.group_size
+    grpo = grpo_advantages(torch.tensor([s.total for s in scores]), cfg.rl.group_size).tolist()
+    gdpo = gdpo_advantages(components, weights, cfg.rl.group_size).tolist()
+    size = cfg.rl.group_size
     rows = {"groups": args.groups, "combinations": 0, "grpo_values": 0, "gdpo_values": 0, "groups_where_grpo_merges": 0}
     for g in range(args.groups):
         part = slice(g * size, (g + 1) * size)

@@ -17,12 +17,12 @@ checkpoint than the shipped one, e.g. the 25.4M-parameter calc model (8 layers, 
 that a short SFT of the demo config builds (27 minutes on one thread here; 100 MB, too
 large to ship):
 
-    toolpolicy sft src/toolpolicy/configs/demo.yaml --set run_dir=runs/calc-sft-25m \
-        --set hidden_size=512 --set layers=8 --set heads=8 --set kv_heads=4 \
-        --set intermediate_size=1536 --set sft_steps=200 --set sft_batch_size=8 \
-        --set sft_lr=0.0006 --set threads=1
+    toolpolicy sft src/toolpolicy/configs/demo.yaml --set run.dir=runs/calc-sft-25m \
+        --set embedded.hidden_size=512 --set embedded.layers=8 --set embedded.heads=8 --set embedded.kv_heads=4 \
+        --set embedded.intermediate_size=1536 --set sft.steps=200 --set sft.batch_size=8 \
+        --set sft.lr=0.0006 --set run.threads=1
     .venv/bin/python bench/backend_rl.py --init-from runs/calc-sft-25m/sft/final --tag 25m --backends hf,vllm \
-        --steps 12 --set prompts_per_step=6
+        --steps 12 --set rl.prompts_per_step=6
 """
 
 from __future__ import annotations

@@ -21,14 +21,14 @@ from pathlib import Path
 from toolpolicy.envs.bfcl import CATEGORIES, BfclMultiTurnEnv
 from toolpolicy.gate import Gate, Policy
 from toolpolicy.model import char_codec, make_template
-from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend
+from toolpolicy.rollout import EpisodeLimits, RolloutEngine, ScriptedBackend
 
 from result_file import write_result  # bench/ is on the path of a script run from it
 
 ROOT = Path(__file__).parent.parent
 POLICY = ROOT / "examples" / "policies" / "bfcl_multi_turn.yaml"
 # Wide budgets: the replay must never be cut; long_context posts texts of ~4,000 characters.
-LIMITS = Limits(max_turns=40, max_tokens=10**7, max_turn_tokens=10**6, max_call_chars=10**5)
+LIMITS = EpisodeLimits(max_turns=40, max_tokens=10**7, max_turn_tokens=10**6, max_call_chars=10**5)
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ def oracle() -> dict:
     try:
         port = server.stdout.readline().split()[1]
         with tempfile.TemporaryDirectory() as run_dir:
-            settings = [f"run_dir={run_dir}", f"endpoint_url=http://127.0.0.1:{port}/v1", "endpoint_model=bfcl-oracle"]
+            settings = [f"run.dir={run_dir}", f"eval.served_url=http://127.0.0.1:{port}/v1", "eval.served_model=bfcl-oracle"]
             start = time.perf_counter()
             assert main(["eval", str(ROOT / MODELS["calc-sft"]), "--bfcl", "v4", *[x for s in settings for x in ("--set", s)]]) == 0
             seconds = time.perf_counter() - start
@@ -65,7 +65,7 @@ def oracle() -> dict:
 
 
 def models(per_category: int) -> dict:
-    from toolpolicy.config import load_config
+    from toolpolicy.build import load_config
     from toolpolicy.eval.bfcl import format_bfcl, score_bfcl
     from toolpolicy.eval.bfcl_v4 import CATEGORIES, bfcl_scores, load_v4
 

@@ -127,21 +127,22 @@ class StepRecord:
 def toolpolicy_config(work: Workload, run_dir: Path) -> Config:
     """The config of `toolpolicy train` for this workload: GRPO advantages, token-mean
     loss, clip 0.2/0.28, no KL term and no KL metric, every group trained (no dynamic sampling)."""
-    from toolpolicy.config import Config, parse_overrides
+    from toolpolicy.build import load_config
 
     fields = {
-        "run_dir": str(run_dir), "env": "calc", "seed": work.seed, "threads": work.threads, "device": "cpu",
-        "init_from": work.checkpoint, "rl_steps": work.total_steps, "rl_lr": work.lr, "rl_warmup_steps": 0,
-        "prompts_per_step": work.prompts, "group_size": work.group_size, "micro_batch_size": work.micro_batch,
-        "temperature": work.temperature, "max_turns": work.max_turns,
-        "max_tokens": work.max_completion_tokens, "max_turn_tokens": work.max_completion_tokens,
-        "dtype": work.dtype, "chat_tools": work.chat_tools,
-        **({"lora_rank": work.lora_rank, "lora_alpha": work.lora_alpha} if work.lora_rank else {}),
-        "advantage": "grpo", "ratio_level": "token", "aggregation": "token_mean", "clip_low": 0.2, "clip_high": 0.28,
-        "beta": 0.0, "log_kl": False, "dynamic_sampling": False, "max_refill_rounds": 0, "max_idle_steps": 0,
-        "grad_clip": 1.0, "weight_decay": 0.0, "checkpoint_every": work.total_steps,
+        "run.dir": str(run_dir), "env.name": "calc", "run.seed": work.seed, "run.threads": work.threads, "model.device": "cpu",
+        "rl.init_from": work.checkpoint, "rl.steps": work.total_steps, "rl.lr": work.lr, "rl.warmup_steps": 0,
+        "rl.prompts_per_step": work.prompts, "rl.group_size": work.group_size, "optim.micro_batch_size": work.micro_batch,
+        "rl.temperature": work.temperature, "rollout.max_turns": work.max_turns,
+        "rollout.max_tokens": work.max_completion_tokens, "rollout.max_turn_tokens": work.max_completion_tokens,
+        "model.dtype": work.dtype, "model.chat_tools": work.chat_tools,
+        **({"model.lora_rank": work.lora_rank, "model.lora_alpha": work.lora_alpha} if work.lora_rank else {}),
+        "algorithm.advantage": "grpo", "algorithm.ratio_level": "token", "algorithm.aggregation": "token_mean",
+        "algorithm.clip_low": 0.2, "algorithm.clip_high": 0.28, "algorithm.beta": 0.0, "algorithm.log_kl": False,
+        "algorithm.dynamic_sampling": False, "algorithm.max_refill_rounds": 0, "rl.max_idle_steps": 0,
+        "optim.grad_clip": 1.0, "optim.weight_decay": 0.0, "run.checkpoint_every": work.total_steps,
     }
-    return Config.model_validate({**fields, **parse_overrides(work.toolpolicy_set)})
+    return load_config(None, [*(f"{key}={value}" for key, value in fields.items()), *work.toolpolicy_set])
 
 
 def trajectory_counts(trajectories: list[Trajectory]) -> dict[str, int]:
@@ -379,9 +380,9 @@ def lora_config(work: Workload) -> LoraConfig | None:
     if not work.lora_rank:
         return None
     from peft import LoraConfig
-    from toolpolicy.config import Config
+    from toolpolicy.config import ModelSection
 
-    fields = Config.model_fields
+    fields = ModelSection.model_fields
     dropout, targets = (fields[name].get_default(call_default_factory=True) for name in ("lora_dropout", "lora_target_modules"))
     return LoraConfig(
         r=work.lora_rank, lora_alpha=work.lora_alpha, lora_dropout=dropout, target_modules=list(targets), task_type="CAUSAL_LM"

@@ -24,11 +24,12 @@ import torch
 import yaml
 from transformers import AutoTokenizer
 
+from toolpolicy.config import migrate
 from toolpolicy.envs.calc import CalcEnv
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.embedded import ModelShape, build_model, parameter_count
 from toolpolicy.model.placement import Placement
-from toolpolicy.rollout import HFBackend, Limits, RolloutEngine
+from toolpolicy.rollout import HFBackend, EpisodeLimits, RolloutEngine
 from toolpolicy.trainer.batch import collate, forward_logprobs
 
 from result_file import machine, write_result  # bench/ is on the path of a script run from it
@@ -63,7 +64,7 @@ def sft_run(model: Path, work: Path, name: str, overrides: dict, steps: int, thr
         **overrides,
     }
     path = work / f"{run_dir.name}.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(migrate(config)))  # the fields by their flat names, written in sections
     subprocess.run([sys.executable, "-m", "toolpolicy.cli", "sft", str(path)], check=True, capture_output=True)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {
@@ -81,7 +82,7 @@ def logprob_gap(model: Path, dtype: str, episodes: int) -> dict:
     policy = PolicyModel.load(model, ChatChoice(), Placement(device="cpu", dtype=dtype))
     env = CalcEnv()
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
-    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_turns=1, max_turn_tokens=64))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, EpisodeLimits(max_turns=1, max_turn_tokens=64))
     trajectories = engine.run(env.tasks("eval", episodes, seed=0))
     batch = collate(trajectories, policy.pad_id)
     with torch.no_grad():

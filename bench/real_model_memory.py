@@ -43,6 +43,8 @@ import yaml
 
 from result_file import machine, write_result  # bench/ is on the path of a script run from it
 
+from toolpolicy.config import migrate
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "real_model_memory.json"
 PARTS = ("bfcl", "bfcl_long", "calc_eval", "sft", "rl", "sft_auto", "rl_auto")
@@ -137,7 +139,7 @@ def measure(model: Path, part: str, work: Path, threads: int) -> dict[str, Any]:
         "calc_eval": {"env": "calc", "eval_checkpoint": str(model), "eval_tasks": 48, "eval_samples": 2, "samples_in_report": 0},
     }.get(part) or training(part.removesuffix("_auto"), work, model, "auto" if part.endswith("_auto") else "float32")
     config = work / f"{part}.yaml"
-    config.write_text(yaml.safe_dump({**base, **settings}))
+    config.write_text(yaml.safe_dump(migrate({**base, **settings})))  # the fields by their flat names, written in sections
     command = {
         "bfcl": ["eval", str(config), "--bfcl", "v4", "--categories", BFCL_CATEGORIES, "--limit", str(BFCL_LIMIT)],
         "bfcl_long": ["eval", str(config), "--bfcl", str(work / "longest.jsonl")],

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from toolpolicy.envs import CalcEnv, HotelEnv
 from toolpolicy.model import PolicyModel
-from toolpolicy.rollout import GenRequest, HFBackend, Limits, RolloutEngine
+from toolpolicy.rollout import GenRequest, HFBackend, EpisodeLimits, RolloutEngine
 from toolpolicy.tools import ToolSet, tool
 from toolpolicy.tools.calculator import calculator as real_calculator
 
@@ -93,7 +93,7 @@ class WaitingCalcEnv(CalcEnv):
         self.tools = ToolSet([calculator])
 
 
-def rollout(policy: PolicyModel, env, backend_kind: type[HFBackend], limits: Limits, prompts: int, workers: int = 1) -> dict:
+def rollout(policy: PolicyModel, env, backend_kind: type[HFBackend], limits: EpisodeLimits, prompts: int, workers: int = 1) -> dict:
     backend = backend_kind(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
     engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, limits, tool_workers=workers)
     tasks = env.tasks("train", prompts, seed=7)
@@ -130,7 +130,7 @@ def main() -> None:
     hotel = PolicyModel.load(ROOT / "checkpoints" / "hotel-sft")
     calc = PolicyModel.load(ROOT / "checkpoints" / "calc-sft")
     previous = previous_backend()
-    hotel_limits, calc_limits = Limits(max_turns=8, max_tokens=640, max_turn_tokens=96), Limits(max_tokens=192, max_turn_tokens=64)
+    hotel_limits, calc_limits = EpisodeLimits(max_turns=8, max_tokens=640, max_turn_tokens=96), EpisodeLimits(max_tokens=192, max_turn_tokens=64)
     jobs = {
         "hotel: KV reuse": {
             "cached": lambda: rollout(hotel, HotelEnv(), HFBackend, hotel_limits, 8),

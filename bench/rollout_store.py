@@ -57,8 +57,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         code = toolpolicy([
-            "train", str(config), "--set", f"run_dir={run_dir}", "--set", f"init_from={checkpoint}",
-            "--set", f"rl_steps={args.steps}", "--set", "store_rollouts=true",
+            "train", str(config), "--set", f"run.dir={run_dir}", "--set", f"rl.init_from={checkpoint}",
+            "--set", f"rl.steps={args.steps}", "--set", "rl.store_rollouts=true",
         ])
         if code:
             sys.exit(code)

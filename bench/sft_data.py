@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 from toolpolicy.build import build_env, episode_limits, load_policy_model, prepare_run_dir
-from toolpolicy.config import load_config
+from toolpolicy.build import load_config
+from toolpolicy.config import replaced
 from toolpolicy.eval.export import export_episodes
 from toolpolicy.eval.run import evaluate
 from toolpolicy.trainer.demonstrations import build_embedded, demonstrations, demonstrator_dialogue, demonstrator_scripts
@@ -55,32 +56,32 @@ def main() -> None:
     args = parser.parse_args()
 
     out = ROOT / args.out
-    overrides = [f"threads={args.threads}", "cold_start="]
-    overrides += [f"sft_steps={args.steps}"] if args.steps else []
-    overrides += [f"sft_examples={args.examples}"] if args.examples else []
-    overrides += [f"eval_tasks={args.eval_tasks}"] if args.eval_tasks else []
+    overrides = [f"run.threads={args.threads}", "sft.cold_start="]
+    overrides += [f"sft.steps={args.steps}"] if args.steps else []
+    overrides += [f"sft.examples={args.examples}"] if args.examples else []
+    overrides += [f"eval.tasks={args.eval_tasks}"] if args.eval_tasks else []
     cfg = load_config(ROOT / "src/toolpolicy/configs/demo.yaml", overrides)
     base = out / "model"
     if not (base / "config.json").is_file():
         build_embedded(cfg, base)
-    cfg = cfg.model_copy(update={"model": str(base)})
+    cfg = replaced(cfg, {"model.source": str(base)})
 
     began = time.perf_counter()
-    policy = load_policy_model(cfg, base)
-    demos = demonstrations(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
-    env = build_env(cfg)
-    scripts = demonstrator_scripts(cfg, env.tasks("train", cfg.sft_examples, seed=cfg.seed), "sft")
+    policy = load_policy_model(cfg.model, base)
+    demos = demonstrations(cfg, cfg.sft.examples, policy.chat, policy.encode, policy.decode, "sft")
+    env = build_env(cfg.env)
+    scripts = demonstrator_scripts(cfg, env, env.tasks("train", cfg.sft.examples, seed=cfg.run.seed), "sft")
     data = out / "demonstrations.jsonl"
     export_episodes(((demonstrator_dialogue(d, s), env.tools.specs()) for d, s in zip(demos, scripts)), data)
-    back = data_examples(data, policy.chat, policy.encode, episode_limits(cfg), env)
+    back = data_examples(data, policy.chat, policy.encode, episode_limits(cfg.rollout), env)
     identical = sum(a.token_ids == b.token_ids and a.loss_mask == b.loss_mask for a, b in zip(demos, back))
     export_seconds = time.perf_counter() - began
 
     results = {"config": "src/toolpolicy/configs/demo.yaml", "overrides": overrides, "against_shipped": args.against_shipped, "dialogues": len(demos),
                "identical_token_sequences": identical, "truncated_dialogues": sum(d.episode.truncated for d in demos),
                "export_and_read_seconds": export_seconds, "runs": {}}
-    for name, update in (("demonstrator", {}), ("sft_data", {"sft_data": str(data)})):
-        run_cfg = cfg.model_copy(update={**update, "run_dir": str(out / name)})
+    for name, update in (("demonstrator", {}), ("sft_data", {"sft.data": str(data)})):
+        run_cfg = replaced(cfg, {**update, "run.dir": str(out / name)})
         began = time.perf_counter()
         if name == "demonstrator" and args.against_shipped:
             final, trained = SHIPPED, None
@@ -94,7 +95,7 @@ def main() -> None:
     results["accuracy_gap_points"] = 100 * gap
     results["within_2_points"] = gap <= 0.02
     full = not (args.steps or args.examples or args.eval_tasks)
-    path = ROOT / "bench" / "results" / ("sft_data.json" if full else f"sft_data_{cfg.sft_steps}.json")
+    path = ROOT / "bench" / "results" / ("sft_data.json" if full else f"sft_data_{cfg.sft.steps}.json")
     write_result(path, results)
     print(json.dumps(results, indent=2))
 

@@ -4,8 +4,8 @@
 
 RUN_DIR is a run folder with a rollout store, e.g. three RL steps of the hotel job:
 
-    toolpolicy train src/toolpolicy/configs/hotel.yaml --set run_dir=runs/hotel-viewer \\
-        --set init_from=checkpoints/hotel-sft --set rl_steps=3
+    toolpolicy train src/toolpolicy/configs/hotel.yaml --set run.dir=runs/hotel-viewer \\
+        --set rl.init_from=checkpoints/hotel-sft --set rl.steps=3
 
 Writes the report three ways and measures each page: no viewer (0 steps), the default
 limits, and everything the store holds; the viewer's JSON per embedded episode and per

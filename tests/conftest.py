@@ -29,7 +29,7 @@ def _torch_threads_restored():
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished `toolpolicy demo` run in the smoke configuration."""
     run_dir = tmp_path_factory.mktemp("smoke") / "run"
-    code = main(["demo", "--config", str(SMOKE), "--set", f"run_dir={run_dir}"])
+    code = main(["demo", "--config", str(SMOKE), "--set", f"run.dir={run_dir}"])
     assert code == 0
     return run_dir
 
@@ -38,8 +38,8 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def untrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly initialised embedded model (SFT of 0 steps): it never answers correctly."""
     run_dir = tmp_path_factory.mktemp("untrained")
-    tiny = ["--set", "sft_steps=0", "--set", "sft_examples=1", "--set", "tokenizer_texts=50"]
-    assert main(["sft", str(SMOKE), *tiny, "--set", f"run_dir={run_dir}"]) == 0
+    tiny = ["--set", "sft.steps=0", "--set", "sft.examples=1", "--set", "embedded.tokenizer_texts=50"]
+    assert main(["sft", str(SMOKE), *tiny, "--set", f"run.dir={run_dir}"]) == 0
     return run_dir / "sft" / "final"
 
 

@@ -10,18 +10,18 @@ import pytest
 
 pytest.importorskip("agentdojo")
 
-from toolpolicy.config import Config  # noqa: E402
-from toolpolicy.envs import make_env  # noqa: E402
+from toolpolicy.build import build_env, load_config  # noqa: E402
+from toolpolicy.config import ConfigError  # noqa: E402
 from toolpolicy.envs.agentdojo.env import AgentDojoEnv  # noqa: E402
 from toolpolicy.envs.agentdojo.package import ground_truth, starting_environment  # noqa: E402
 from toolpolicy.gate import Gate, Policy  # noqa: E402
 from toolpolicy.model import char_codec, make_template  # noqa: E402
 from toolpolicy.rewards import attack_success, task_success  # noqa: E402
-from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend  # noqa: E402
+from toolpolicy.rollout import EpisodeLimits, RolloutEngine, ScriptedBackend  # noqa: E402
 from toolpolicy.types import Episode, Message, Task  # noqa: E402
 
 TEMPLATE = make_template(compact=True)
-LIMITS = Limits(max_turns=20, max_tokens=60_000, max_turn_tokens=4000)
+LIMITS = EpisodeLimits(max_turns=20, max_tokens=60_000, max_turn_tokens=4000)
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = REPO / "examples" / "policies" / "agentdojo"
 
@@ -75,13 +75,12 @@ def test_splits_share_no_user_task_and_config_names_suite_and_attack() -> None:
     users = {split: {t.info["user_task"] for t in env.tasks(split, 10_000, seed=0)} for split in ("train", "eval")}
     assert users["train"] and users["eval"] and not users["train"] & users["eval"]
     assert len(users["train"] | users["eval"]) == len(env.suite.user_tasks)
-    cfg = Config(env="agentdojo", suite="slack", attack="direct")
-    built = make_env(cfg.env, suite=cfg.suite, attack=cfg.attack)
+    built = build_env(load_config(None, ["env=agentdojo", "env.suite=slack", "env.attack=direct"]).env)
     assert built.suite.name == "slack" and built.attack == "direct"
-    with pytest.raises(ValueError, match="unknown AgentDojo suite 'bank'"):
-        Config(env="agentdojo", suite="bank")
-    with pytest.raises(ValueError, match="unknown AgentDojo attack"):
-        Config(env="agentdojo", attack="tool_knowledge")
+    with pytest.raises(ConfigError, match="field 'env.suite': Input should be 'workspace', 'travel', 'banking' or 'slack'"):
+        load_config(None, ["env=agentdojo", "env.suite=bank"])
+    with pytest.raises(ConfigError, match="field 'env.attack': Input should be 'none', 'important_instructions'"):
+        load_config(None, ["env=agentdojo", "env.attack=tool_knowledge"])
 
 
 def test_a_tiny_model_runs_episodes_scored_by_the_suite() -> None:
@@ -97,7 +96,7 @@ def test_a_tiny_model_runs_episodes_scored_by_the_suite() -> None:
     tasks = env.tasks("train", 2, seed=3)
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
     gate = Gate(Policy.load(POLICIES / "slack.yaml"), env.tools)
-    limits = Limits(max_turns=2, max_tokens=48, max_turn_tokens=24)
+    limits = EpisodeLimits(max_turns=2, max_tokens=48, max_turn_tokens=24)
     with RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, limits, gate) as engine:
         episodes = [t.episode for t in engine.run(tasks)]
     assert [e.task.id for e in episodes] == [t.id for t in tasks]

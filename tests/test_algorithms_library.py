@@ -40,7 +40,8 @@ from toolpolicy.algorithms import (
     void_turn_filter,
 )
 from toolpolicy.rewards import soft_overlong_penalty
-from toolpolicy.rewards.tool_efficiency import eapo_reward, otc_reward, otc_tool_score
+from toolpolicy.algorithms.presets import REWARDS
+from toolpolicy.rewards.tool_efficiency import eapo_reward, otc_scaled, otc_tool_score
 from toolpolicy.rollout.trajectory import Trajectory
 from toolpolicy.types import Episode, Event, Task
 
@@ -277,9 +278,9 @@ def test_otc_tool_score_by_hand():
 
 
 def test_otc_reward_scales_correctness():
-    assert otc_reward(1.0, 4, 2) == pytest.approx(0.866025, abs=1e-6)
-    assert otc_reward(0.0, 2, 2) == 0.0  # a wrong answer earns nothing, however efficient
-    assert otc_reward(1.0, 2, 2, alpha=2.0) == pytest.approx(2.0)
+    assert otc_scaled(1.0, 4, 2) == pytest.approx(0.866025, abs=1e-6)
+    assert otc_scaled(0.0, 2, 2) == 0.0  # a wrong answer earns nothing, however efficient
+    assert otc_scaled(1.0, 2, 2, alpha=2.0) == pytest.approx(2.0)
 
 
 def test_eapo_penalty_is_heaviest_on_easy_tasks():
@@ -415,7 +416,7 @@ def test_first_groups_caps_the_refill():
 def test_presets_cover_the_issue_and_name_real_functions():
     assert set(PRESETS) == {"grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "gdpo", "gtpo", "otc"}
     for name, knobs in PRESETS.items():
-        assert knobs["advantage"] in ESTIMATORS, name
+        assert knobs.get("advantage", "grpo") in ESTIMATORS, name  # gtpo leaves it to its turn credit
         assert knobs["aggregation"] in AGGREGATIONS, name
         assert knobs["ratio_level"] in POLICY_LOSSES, name
         assert knobs["kl_estimator"] in KL_ESTIMATORS, name
@@ -425,12 +426,16 @@ def test_presets_cover_the_issue_and_name_real_functions():
     assert PRESETS["gspo"]["ratio_level"] == "sequence" and PRESETS["gspo"]["clip_high"] == 4e-4
     assert PRESETS["dr_grpo"]["aggregation"] == "seq_mean_token_sum_norm"
     assert PRESETS["gdpo"]["advantage"] == "gdpo" and PRESETS["gtpo"]["credit"] == "turn"
+    assert REWARDS["dapo"] == {"overlong_buffer": 0.2, "overlong_penalty": 1.0}
+    assert REWARDS["otc"]["weights"]["otc_reward"] == 1.0 and set(REWARDS) == set(PRESETS)
 
 
 def test_explicit_knobs_win_over_the_preset():
-    knobs = apply_preset("dapo", {"clip_high": 0.3, "beta": 0.01})
+    sections = apply_preset("dapo", {"algorithm": {"clip_high": 0.3, "beta": 0.01}, "rewards": {"overlong_penalty": 0.5}})
+    knobs = sections["algorithm"]
     assert knobs["clip_high"] == 0.3 and knobs["beta"] == 0.01
     assert knobs["aggregation"] == "token_mean"  # untouched knobs keep the preset's value
+    assert sections["rewards"] == {"overlong_buffer": 0.2, "overlong_penalty": 0.5}
     assert PRESETS["dapo"]["clip_high"] == 0.28  # the table itself is not modified
     with pytest.raises(ValueError, match="dapo"):
         apply_preset("ppo", {})

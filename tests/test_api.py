@@ -11,19 +11,19 @@ import toolpolicy as tp
 
 from conftest import SMOKE
 
-TINY = ["sft_steps=3", "sft_examples=16", "tokenizer_texts=50", "rl_steps=1", "prompts_per_step=2", "group_size=2",
-        "eval_tasks=2", "eval_samples=1", "max_idle_steps=0"]
+TINY = ["sft.steps=3", "sft.examples=16", "embedded.tokenizer_texts=50", "rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2",
+        "eval.tasks=2", "eval.samples=1", "rl.max_idle_steps=0"]
 
 
 def test_sft_train_and_evaluate_from_python_write_the_run_folder_the_commands_write(tmp_path):
-    cfg = tp.load_config(SMOKE, [*TINY, f"run_dir={tmp_path}"])
-    with pytest.raises(tp.ConfigError, match="init_from is empty"):
+    cfg = tp.load_config(SMOKE, [*TINY, f"run.dir={tmp_path}"])
+    with pytest.raises(tp.ConfigError, match="'rl.init_from' is empty"):
         tp.train(cfg)
     sft = tp.sft(cfg)
     assert sft == tmp_path / "sft" / "final" and (sft / "config.json").is_file()
     rl = tp.train(cfg, init_from=sft)
     assert rl == tmp_path / "rl" / "final" and (rl / "config.json").is_file()
-    assert tp.load_config(tmp_path / "config.yaml").init_from == str(sft)  # the folder says what produced it
+    assert tp.load_config(tmp_path / "config.yaml").rl.init_from == str(sft)  # the folder says what produced it
     summary = tp.evaluate(cfg)  # the run's newest model: rl/final
     assert summary == json.loads((tmp_path / "eval" / "eval.json").read_text())
     assert summary["n"] == 2 and "accuracy" in summary
@@ -42,7 +42,7 @@ def test_the_model_scored_by_default_is_the_runs_newest_adapter_or_weights(tmp_p
     run's newest model, as weights are; rl/final comes before it; an empty run is an error."""
     from toolpolicy.api import scored_model
 
-    cfg = tp.load_config(SMOKE, [f"run_dir={tmp_path}"])
+    cfg = tp.load_config(SMOKE, [f"run.dir={tmp_path}"])
     with pytest.raises(FileNotFoundError, match="no model found"):
         scored_model(cfg)
     (tmp_path / "sft" / "final").mkdir(parents=True)

@@ -170,6 +170,6 @@ def test_eval_of_a_truncated_checkpoint_is_one_line_naming_the_file(tmp_path, ca
     shutil.copytree(CALC_SFT, broken)
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
-    assert main(["eval", str(SMOKE), "--set", f"run_dir={tmp_path / 'run'}", "--set", f"eval_checkpoint={broken}"]) == 2
+    assert main(["eval", str(SMOKE), "--set", f"run.dir={tmp_path / 'run'}", "--set", f"eval.checkpoint={broken}"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and str(weights) in err.strip().splitlines()[-1]

@@ -184,7 +184,7 @@ def test_limit_takes_the_first_entries_of_each_category_and_an_entry_samples_ali
     texts = {}
     for limit in ([], ["--limit", "1"]):
         run_dir = tmp_path / f"limit{len(limit)}"
-        settings = [f"run_dir={run_dir}", f"eval_checkpoint={shipped}", "eval_temperature=3.0", "max_turn_tokens=16"]
+        settings = [f"run.dir={run_dir}", f"eval.checkpoint={shipped}", "eval.temperature=3.0", "rollout.max_turn_tokens=16"]
         assert main(["eval", str(SMOKE), "--bfcl", str(SAMPLE), *limit, *[x for s in settings for x in ("--set", s)]]) == 0
         rows = [json.loads(line) for line in (run_dir / "eval" / "bfcl_results.jsonl").read_text().splitlines()]
         texts[len(limit)] = {r["id"]: r["text"] for r in rows}
@@ -198,7 +198,7 @@ def test_eval_bfcl_scores_a_served_oracle_perfectly(tmp_path: Path, capsys) -> N
     server = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         port = server.stdout.readline().split()[1]
-        settings = [f"run_dir={tmp_path}", f"endpoint_url=http://127.0.0.1:{port}/v1", "endpoint_model=bfcl-oracle"]
+        settings = [f"run.dir={tmp_path}", f"eval.served_url=http://127.0.0.1:{port}/v1", "eval.served_model=bfcl-oracle"]
         assert main(["eval", str(SMOKE), "--bfcl", str(SAMPLE), *[x for s in settings for x in ("--set", s)]]) == 0
     finally:
         server.kill()
@@ -215,15 +215,15 @@ def test_eval_bfcl_runs_a_local_checkpoint_and_reports_bad_files(tmp_path: Path)
     rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:4]]
     questions.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "ground_truth"}) + "\n" for r in rows))
     answers.write_text("".join(json.dumps({"id": r["id"], "ground_truth": r["ground_truth"]}) + "\n" for r in rows))
-    args = ["eval", str(SMOKE), "--bfcl", str(questions), "--answers", str(answers), "--set", f"run_dir={tmp_path}",
-            "--set", f"eval_checkpoint={shipped}"]
+    args = ["eval", str(SMOKE), "--bfcl", str(questions), "--answers", str(answers), "--set", f"run.dir={tmp_path}",
+            "--set", f"eval.checkpoint={shipped}"]
     assert main(args) == 0
     results = [json.loads(line) for line in (tmp_path / "eval" / "bfcl_results.jsonl").read_text().splitlines()]
     assert [r["id"] for r in results] == [r["id"] for r in rows]
     assert all(r["ok"] == (not r["problems"]) for r in results)  # a calculator model cannot book rooms
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"id": "simple_0", "question": "hi", "function": []}\n')
-    assert main(["eval", str(SMOKE), "--bfcl", str(broken), "--set", f"eval_checkpoint={shipped}"]) == 2
+    assert main(["eval", str(SMOKE), "--bfcl", str(broken), "--set", f"eval.checkpoint={shipped}"]) == 2
     with pytest.raises(BfclFileError, match=r"broken.jsonl:1: 'question' must be a list"):
         load_entries(broken)
     with pytest.raises(BfclFileError, match="no ground truth for 'simple_0'"):

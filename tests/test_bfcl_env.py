@@ -8,20 +8,21 @@ import re
 import pytest
 
 from toolpolicy.build import build_env
-from toolpolicy.config import ConfigError, load_config
+from toolpolicy.build import load_config
+from toolpolicy.config import ConfigError
 from toolpolicy.envs import make_env
 from toolpolicy.envs.bfcl.single_data import Entry, load_v4, shown_functions
 from toolpolicy.envs.bfcl.single_turn import DROPPED, HELD_OUT_CATEGORIES, TRAIN_CATEGORIES, BfclEnv, entry_task, v4_split
 from toolpolicy.gate import Gate
 from toolpolicy.model import char_codec, make_template
 from toolpolicy.rewards import Rubric
-from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend, allow_all_policy
+from toolpolicy.rollout import EpisodeLimits, RolloutEngine, ScriptedBackend, allow_all_policy
 from toolpolicy.types import Episode, Event, Message, ToolCall
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by `make test` (pip install --no-deps bfcl-eval)")
 
 TEMPLATE = make_template(compact=True)
-WIDE = Limits(max_turns=4, max_tokens=10**7, max_turn_tokens=10**6, max_call_chars=10**6)  # live schemas are long
+WIDE = EpisodeLimits(max_turns=4, max_tokens=10**7, max_turn_tokens=10**6, max_call_chars=10**6)  # live schemas are long
 COMPONENTS = ("bfcl_correct", "bfcl_tool_name", "bfcl_param_names", "bfcl_param_values", "bfcl_format")
 UNWRITABLE = {"live_simple_106-63-0", "live_simple_112-68-0", "live_multiple_507-149-4", "live_multiple_862-181-3", "live_multiple_964-207-0"}
 """Train entries whose possible answer BFCL's own checker rejects (eval.bfcl_agreement.INTENDED_ANSWER_REJECTED)."""
@@ -184,13 +185,13 @@ def test_tasks_come_from_their_split_the_same_for_a_seed(env):
 
 
 def test_categories_are_an_option_checked_on_load():
-    cfg = load_config(None, ["env=bfcl", "bfcl_categories=[live_simple, simple_python]"])
-    env = build_env(cfg)
+    cfg = load_config(None, ["env=bfcl", "env.categories=[live_simple, simple_python]"])
+    env = build_env(cfg.env)
     assert {e.category for e in env.pools["train"]} == {"live_simple"}
     assert {e.category for e in env.pools["eval"]} == {"simple_python"}
     assert set(env.dropped) == {i for i in v4_split().dropped if i.startswith("live_simple_")}
-    with pytest.raises(ConfigError, match="unknown BFCL single-turn categories \\['multi_turn_base'\\]"):
-        load_config(None, ["env=bfcl", "bfcl_categories=[multi_turn_base]"])
+    with pytest.raises(ConfigError, match=r"field 'env.categories': Input should be 'simple_python', .* \(got \['multi_turn_base'\]\)"):
+        load_config(None, ["env=bfcl", "env.categories=[multi_turn_base]"])
     with pytest.raises(ValueError, match="no eval entries"):
         make_env("bfcl", categories=("live_simple",)).tasks("eval", 1, seed=0)
 
@@ -226,8 +227,8 @@ def test_composed_entries_join_two_kept_entries_and_score_both_calls_in_any_orde
     for answer_set, right in ((answers, 1.0), (swapped, 1.0), (halves, 0.0)):
         episodes = run(composed, gate, ids, answer_set)
         assert {rubric.score(e).total for e in episodes} == {right}
-    cfg = load_config(None, ["env=bfcl", "bfcl_composed=40"])
-    assert [e.id for e in build_env(cfg).pools["train"]] == [e.id for e in composed.pools["train"]]
+    cfg = load_config(None, ["env=bfcl", "env.composed=40"])
+    assert [e.id for e in build_env(cfg.env).pools["train"]] == [e.id for e in composed.pools["train"]]
 
 
 # ---- the demonstrator ----------------------------------------------------------------------
@@ -257,7 +258,7 @@ def test_the_demonstrator_is_found_by_the_environments_name():
     cfg = load_config(None, ["env=bfcl"])
     env = make_env("bfcl")
     irrelevant = next(e for e in env.pools["train"] if e.category == "live_irrelevance")
-    assert demonstrator_for(cfg)(env.task(irrelevant.id), random.Random(0), cfg) == [Message("assistant", NO_FUNCTION_FITS)]
+    assert demonstrator_for(cfg.demonstrator, cfg.env)(env.task(irrelevant.id), random.Random(0), env) == [Message("assistant", NO_FUNCTION_FITS)]
 
 
 # ---- episodes through the real engine --------------------------------------------------------
@@ -328,9 +329,9 @@ def test_cli_sft_rl_and_eval_steps_with_a_tiny_model(tmp_path):
     from toolpolicy.cli import main
 
     smoke = Path(__file__).resolve().parents[1] / "src" / "toolpolicy" / "configs" / "bfcl_multi_turn_smoke.yaml"
-    settings = ["--set", f"run_dir={tmp_path}", "--set", "env=bfcl", "--set", "bfcl_categories=[live_simple, simple_python]"]
+    settings = ["--set", f"run.dir={tmp_path}", "--set", "env=bfcl", "--set", "env.categories=[live_simple, simple_python]"]
     assert main(["sft", str(smoke), *settings]) == 0
-    assert main(["train", str(smoke), *settings, "--set", f"init_from={tmp_path / 'sft' / 'final'}"]) == 0
+    assert main(["train", str(smoke), *settings, "--set", f"rl.init_from={tmp_path / 'sft' / 'final'}"]) == 0
     assert main(["eval", str(smoke), *settings, "--gate", "on"]) == 0
     summary = json.loads((tmp_path / "eval" / "eval.json").read_text())
     assert summary["n"] == 2 and summary["infra_errors"] == 0

@@ -13,7 +13,7 @@ from toolpolicy.envs.bfcl import CATEGORIES, BfclMultiTurnEnv, load_entries, spl
 from toolpolicy.envs.bfcl.env import MORE_FUNCTIONS
 from toolpolicy.gate import Gate, Ledger, Policy
 from toolpolicy.model import char_codec, make_template
-from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend
+from toolpolicy.rollout import EpisodeLimits, RolloutEngine, ScriptedBackend
 from toolpolicy.types import Episode, Message, Task, ToolCall
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by `make test` (pip install --no-deps bfcl-eval)")
@@ -21,7 +21,7 @@ pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by `make test` (
 REPO = Path(__file__).resolve().parents[1]
 POLICY = REPO / "examples" / "policies" / "bfcl_multi_turn.yaml"
 TEMPLATE = make_template(compact=True)
-WIDE = Limits(max_turns=40, max_tokens=10**7, max_turn_tokens=10**6, max_call_chars=10**5)  # long_context posts long texts
+WIDE = EpisodeLimits(max_turns=40, max_tokens=10**7, max_turn_tokens=10**6, max_call_chars=10**5)  # long_context posts long texts
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def env() -> BfclMultiTurnEnv:
 
 
 def run(env: BfclMultiTurnEnv, tasks: list[Task], scripts: list[list[Message]], gate: Gate | None = None,
-        limits: Limits = WIDE) -> list[Episode]:
+        limits: EpisodeLimits = WIDE) -> list[Episode]:
     """Scripted assistant turns through the real engine (tools, gate, sessions)."""
     encode, decode = char_codec()
     backend = ScriptedBackend(dict(enumerate(scripts)), TEMPLATE.render_assistant, encode)
@@ -86,7 +86,7 @@ def test_a_skipped_read_fails_the_response_check_and_a_silent_turn_the_empty_che
 
 def test_an_episode_cut_before_its_last_turn_fails(env):
     task = entry_task(env, "multi_turn_base_0")
-    [episode] = run(env, [task], [env.expert_turns(task, random.Random(0))], limits=Limits(3, 10**7, 10**6))
+    [episode] = run(env, [task], [env.expert_turns(task, random.Random(0))], limits=EpisodeLimits(3, 10**7, 10**6))
     assert episode.truncated and episode.outcome["bfcl_error"] == "multi_turn:force_terminated"
     assert episode.outcome["turns_completed"] < episode.outcome["turns"]
 
@@ -154,9 +154,9 @@ def test_cli_sft_rl_and_eval_steps_with_a_tiny_model(tmp_path: Path) -> None:
     """SFT on ground-truth replays, an RL step and an evaluation with the gate off and on."""
     from toolpolicy.cli import main
 
-    run_dir = ["--set", f"run_dir={tmp_path}"]
+    run_dir = ["--set", f"run.dir={tmp_path}"]
     assert main(["sft", str(SMOKE), *run_dir]) == 0
-    assert main(["train", str(SMOKE), *run_dir, "--set", f"init_from={tmp_path / 'sft' / 'final'}"]) == 0
+    assert main(["train", str(SMOKE), *run_dir, "--set", f"rl.init_from={tmp_path / 'sft' / 'final'}"]) == 0
     assert main(["eval", str(SMOKE), *run_dir, "--gate", "both"]) == 0
     for name in ("eval-gate-off", "eval-gate-on"):
         summary = json.loads((tmp_path / "eval" / f"{name}.json").read_text())

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from toolpolicy.envs import CalcEnv
-from toolpolicy.eval.metrics import EpisodeRecord, summarize
+from toolpolicy.eval.metrics import ScoredEpisode, summarize
 from toolpolicy.gate import Gate, Policy
 from toolpolicy.rewards import correct_answer
-from toolpolicy.rollout import Limits
+from toolpolicy.rollout import EpisodeLimits
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint, EndpointUser, decode_reply
 from toolpolicy.types import Message
 
@@ -41,7 +41,7 @@ def run(base_url: str, model: str, n: int = 6, gate: Gate | None = None, **endpo
     env = CalcEnv()
     client = ChatClient(Endpoint(base_url, model, api_key_env="TEST_CHAT_KEY", **endpoint))
     try:
-        with ChatEngine(env, client, Limits(max_turns=4), gate) as engine:
+        with ChatEngine(env, client, EpisodeLimits(max_turns=4), gate) as engine:
             return engine.run(env.tasks("eval", n, seed=5))
     finally:
         client.close()
@@ -57,7 +57,7 @@ def test_a_served_agent_solves_calc_with_the_tool(base_url: str) -> None:
         assert rollout.completion_tokens > 0
         tool_message = next(m for m in rollout.wire if m["role"] == "tool")
         assert tool_message["tool_call_id"] == rollout.wire[2]["tool_calls"][0]["id"]
-    summary = summarize([EpisodeRecord.from_episode(r.episode, True, r.completion_tokens) for r in rollouts])
+    summary = summarize([ScoredEpisode.from_episode(r.episode, True, r.completion_tokens) for r in rollouts])
     assert summary["tool_calls_per_episode"] == 1.0
 
 
@@ -80,7 +80,7 @@ def test_malformed_arguments_are_an_invalid_call_answered_under_its_id(base_url:
 def test_an_endpoint_that_stays_down_is_an_infra_error_not_a_wrong_answer(base_url: str) -> None:
     rollouts = run(base_url, "down", n=2, retries=1)
     assert all("HTTP 500" in r.episode.infra_error for r in rollouts)
-    summary = summarize([EpisodeRecord.from_episode(r.episode, False, 0) for r in rollouts])
+    summary = summarize([ScoredEpisode.from_episode(r.episode, False, 0) for r in rollouts])
     assert summary["infra_errors"] == 2 and summary["n"] == 0
 
 
@@ -100,7 +100,7 @@ def test_the_gate_applies_to_served_models(base_url: str) -> None:
 
 def test_a_wrong_key_is_reported_clearly(base_url: str) -> None:
     client = ChatClient(Endpoint(base_url, "agent", api_key_env="TOOLPOLICY_NO_SUCH_KEY"))
-    with ChatEngine(CalcEnv(), client, Limits()) as engine:
+    with ChatEngine(CalcEnv(), client, EpisodeLimits()) as engine:
         (rollout,) = engine.run(CalcEnv().tasks("eval", 1, seed=1))
     assert "HTTP 401" in rollout.episode.infra_error and "bad API key" in rollout.episode.infra_error
 
@@ -136,8 +136,8 @@ def test_toolpolicy_eval_scores_a_served_model_with_the_gate_off_and_on(base_url
     )
     os.environ["TEST_CHAT_KEY"] = KEY
     smoke = Path(__file__).parent.parent / "src" / "toolpolicy" / "configs" / "smoke.yaml"
-    settings = [f"run_dir={tmp_path / 'run'}", f"endpoint_url={base_url}", "endpoint_model=agent",
-                "endpoint_api_key_env=TEST_CHAT_KEY", "eval_tasks=12", f"policy={policy}", "temperature=0"]
+    settings = [f"run.dir={tmp_path / 'run'}", f"eval.served_url={base_url}", "eval.served_model=agent",
+                "eval.served_api_key_env=TEST_CHAT_KEY", "eval.tasks=12", f"gate.policy={policy}", "rl.temperature=0"]
     args = ["eval", str(smoke), "--trials", "3", "--gate", "both", *[x for s in settings for x in ("--set", s)]]
     assert main(args) == 0
     printed = capsys.readouterr().out
@@ -172,8 +172,8 @@ def test_the_served_model_example_config_runs_as_the_readme_says(base_url: str, 
 
     os.environ["TEST_CHAT_KEY"] = KEY
     config = Path(__file__).parent.parent / "examples" / "served" / "calc.yaml"
-    settings = [f"run_dir={tmp_path}", f"endpoint_url={base_url}", "endpoint_model=agent",
-                "endpoint_api_key_env=TEST_CHAT_KEY", "eval_tasks=4", "eval_samples=1"]
+    settings = [f"run.dir={tmp_path}", f"eval.served_url={base_url}", "eval.served_model=agent",
+                "eval.served_api_key_env=TEST_CHAT_KEY", "eval.tasks=4", "eval.samples=1"]
     cwd = os.getcwd()
     os.chdir(config.parents[2])  # the config names its policy relative to the repository
     try:

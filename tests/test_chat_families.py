@@ -155,16 +155,17 @@ def test_sft_rl_eval_run_per_family(family: str, family_checkpoint, family_polic
     """The real commands on a real-format checkpoint: SFT on calc demonstrations rendered
     in the family's template, a few RL steps, and an evaluation."""
     config = {
-        "run_dir": str(tmp_path / "run"), "env": "calc", "model": str(family_checkpoint(family)),
-        "max_turns": 3, "max_tokens": 160, "max_turn_tokens": 40,
-        "sft_examples": 8, "sft_steps": 2, "sft_batch_size": 4, "micro_batch_size": 4, "checkpoint_every": 50,
-        "rl_steps": 2, "prompts_per_step": 2, "group_size": 2, "max_idle_steps": 0, "eval_tasks": 2, "eval_samples": 1,
+        "run": {"dir": str(tmp_path / "run"), "checkpoint_every": 50}, "env": "calc",
+        "model": {"source": str(family_checkpoint(family))},
+        "rollout": {"max_turns": 3, "max_tokens": 160, "max_turn_tokens": 40},
+        "sft": {"examples": 8, "steps": 2, "batch_size": 4}, "optim": {"micro_batch_size": 4},
+        "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_idle_steps": 0}, "eval": {"tasks": 2, "samples": 1},
     }
     path = tmp_path / "family.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["sft", str(path)]) == 0
     sft_final = tmp_path / "run" / "sft" / "final"
-    assert main(["train", str(path), "--set", f"init_from={sft_final}"]) == 0
+    assert main(["train", str(path), "--set", f"rl.init_from={sft_final}"]) == 0
     assert main(["eval", str(path), "--name", "rl"]) == 0
     loaded = PolicyModel.load(tmp_path / "run" / "rl" / "final")
     assert loaded.chat.end_of_turn == family_policy(family).chat.end_of_turn
@@ -208,7 +209,7 @@ def test_trainer_logprobs_equal_rollout_logprobs_after_an_observation(family: st
     import torch
 
     from toolpolicy.envs.calc import CalcEnv
-    from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, ScriptedBackend
+    from toolpolicy.rollout import HFBackend, EpisodeLimits, RolloutEngine, ScriptedBackend
     from toolpolicy.trainer.batch import collate, forward_logprobs
 
     torch.manual_seed(0)
@@ -218,7 +219,7 @@ def test_trainer_logprobs_equal_rollout_logprobs_after_an_observation(family: st
     call = Message("assistant", "", (ToolCall("calculator", {"expression": "2+3"}, "abcdef123"),))
     scripted = ScriptedBackend({i: [call] for i in range(len(tasks))}, policy.chat.render_assistant, policy.encode)
     sampled = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
-    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, _FirstTurnScripted(scripted, sampled), Limits(max_turns=2, max_tokens=400, max_turn_tokens=48))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, _FirstTurnScripted(scripted, sampled), EpisodeLimits(max_turns=2, max_tokens=400, max_turn_tokens=48))
     trajectories = engine.run(tasks)
     for t in trajectories:
         assert len(t.turn_spans) == 2, t.episode.messages
@@ -252,5 +253,5 @@ def test_a_template_without_a_known_call_syntax_says_how_to_name_it(tmp_path: Pa
     template_file.write_text(phi3)
     from conftest import SMOKE
 
-    code = main(["eval", str(SMOKE), "--set", f"run_dir={tmp_path / 'run'}", "--set", f"eval_checkpoint={shipped}", "--set", f"chat_template={template_file}"])
+    code = main(["eval", str(SMOKE), "--set", f"run.dir={tmp_path / 'run'}", "--set", f"eval.checkpoint={shipped}", "--set", f"model.chat_template={template_file}"])
     assert code == 2 and "chat_format" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from toolpolicy.cli import main
-from toolpolicy.config import ConfigError, load_config
+from toolpolicy.build import load_config
+from toolpolicy.config import ConfigError
 
 from conftest import SMOKE
 
@@ -21,7 +22,7 @@ def test_demo_writes_a_complete_run_folder(smoke_run: Path):
                  "sft/final/model.safetensors", "rl/final/model.safetensors", "eval/sft.json", "eval/rl.json"):
         assert (smoke_run / name).is_file(), name
     config = yaml.safe_load((smoke_run / "config.yaml").read_text())
-    assert config["init_from"].endswith("sft/final")
+    assert config["rl"]["init_from"].endswith("sft/final")
     lines = [json.loads(line) for line in (smoke_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if r["phase"] == "sft"] == list(range(1, 61))
     rl = [r for r in lines if r["phase"] == "rl"]
@@ -72,16 +73,40 @@ def test_report_is_well_formed(smoke_run: Path):
 
 def test_config_errors_name_the_file_and_field(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("rl_steps: many\nlearning_rate: 0.1\n")
+    bad.write_text("rl:\n  steps: many\n  learning_rate: 0.1\n")
     with pytest.raises(ConfigError) as err:
         load_config(bad)
     message = str(err.value)
-    assert str(bad) in message and "'rl_steps'" in message and "'learning_rate'" in message and "unknown field" in message
-    with pytest.raises(ConfigError, match="'sft_lr'"):
-        load_config(None, ["sft_lr=-1"])
-    with pytest.raises(ConfigError, match="expected key=value"):
-        load_config(None, ["sft_lr"])
-    assert load_config(None, ["rl_steps=7"]).rl_steps == 7
+    assert str(bad) in message and "'rl.steps'" in message and "'rl.learning_rate'" in message and "unknown field" in message
+    assert "did you mean 'rl.lr'" not in message  # no close name to learning_rate in rl; the list is in `toolpolicy config`
+    with pytest.raises(ConfigError, match="'sft.lr'"):
+        load_config(None, ["sft.lr=-1"])
+    with pytest.raises(ConfigError, match="expected section.field=value"):
+        load_config(None, ["sft.lr"])
+    with pytest.raises(ConfigError, match="did you mean 'rl.steps', 'rl.warmup_steps' or 'sft.steps'"):
+        load_config(None, ["rl.step=3"])
+    with pytest.raises(ConfigError, match="unknown section 'rll'"):
+        load_config(None, ["rll.steps=3"])
+    assert load_config(None, ["rl.steps=7"]).rl.steps == 7
+
+
+def test_a_flat_config_of_before_sections_is_refused_with_its_migration(tmp_path: Path, capsys):
+    """A config file or --set of the flat config names where each field lives now, and
+    `toolpolicy config --migrate` rewrites the file in sections, comments aside."""
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("run_dir: runs/x\nrl_steps: 3\nenv: hotel\nexpert_violation: 0.5\nbackend: endpoint\nrollout_url: http://h:1\nvllm_threads: 2\n")
+    with pytest.raises(ConfigError, match=r"fields 'run_dir', 'rl_steps', 'expert_violation', 'rollout_url', 'vllm_threads' are the flat config .*--migrate"):
+        load_config(flat)
+    with pytest.raises(ConfigError, match=r"--set rl_steps=\.\.\.: not a field; its place is 'rl.steps'"):
+        load_config(None, ["rl_steps=3"])
+    assert main(["config", "--migrate", str(flat), "--write"]) == 0
+    migrated = yaml.safe_load(flat.read_text())
+    assert migrated == {
+        "run": {"dir": "runs/x"}, "env": {"name": "hotel"}, "backend": {"name": "server", "url": "http://h:1"},
+        "rl": {"steps": 3}, "demonstrator": {"violation": 0.5},
+    }  # vllm_threads was ignored with backend endpoint, and is dropped
+    cfg = load_config(flat)
+    assert (cfg.rl.steps, cfg.env.name, cfg.backend.url, cfg.demonstrator.options) == (3, "hotel", "http://h:1", {"violation": 0.5})
 
 
 def test_a_bug_shows_its_traceback_and_a_user_error_does_not(tmp_path: Path, capsys, monkeypatch):
@@ -93,31 +118,31 @@ def test_a_bug_shows_its_traceback_and_a_user_error_does_not(tmp_path: Path, cap
     monkeypatch.setattr(toolpolicy.eval.run, "evaluate", broken)
     shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
     with pytest.raises(ValueError, match="a bug in evaluate"):  # not turned into "error: ..." and exit 2
-        main(["eval", str(SMOKE), "--set", f"run_dir={tmp_path}", "--set", f"eval_checkpoint={shipped}"])
-    assert main(["eval", str(SMOKE), "--set", f"run_dir={tmp_path}", "--trials", "0"]) == 2
+        main(["eval", str(SMOKE), "--set", f"run.dir={tmp_path}", "--set", f"eval.checkpoint={shipped}"])
+    assert main(["eval", str(SMOKE), "--set", f"run.dir={tmp_path}", "--trials", "0"]) == 2
     assert "--trials must be at least 1" in capsys.readouterr().err
 
 
 def test_cli_reports_config_errors_without_a_traceback(tmp_path: Path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("group_size: 1\n")
+    bad.write_text("rl:\n  group_size: 1\n")
     assert main(["train", str(bad)]) == 2
-    assert "group_size" in capsys.readouterr().err
+    assert "rl.group_size" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
 
 
 def test_demo_starts_from_a_cold_start_checkpoint(smoke_run: Path, tmp_path: Path):
     run_dir = tmp_path / "warm"
-    code = main(["demo", "--config", str(SMOKE), "--set", f"run_dir={run_dir}",
-                 "--set", f"cold_start={smoke_run / 'sft' / 'final'}", "--set", "rl_steps=2"])
+    code = main(["demo", "--config", str(SMOKE), "--set", f"run.dir={run_dir}",
+                 "--set", f"sft.cold_start={smoke_run / 'sft' / 'final'}", "--set", "rl.steps=2"])
     assert code == 0
     assert not (run_dir / "sft").exists(), "SFT must be skipped with a cold start"
     assert (run_dir / "rl" / "final" / "model.safetensors").is_file() and (run_dir / "report.html").is_file()
 
 
 def test_missing_cold_start_is_a_clear_error(tmp_path: Path, capsys):
-    code = main(["demo", "--config", str(SMOKE), "--set", f"run_dir={tmp_path / 'x'}", "--set", f"cold_start={tmp_path / 'nope'}"])
+    code = main(["demo", "--config", str(SMOKE), "--set", f"run.dir={tmp_path / 'x'}", "--set", f"sft.cold_start={tmp_path / 'nope'}"])
     assert code == 2
     assert "nope" in capsys.readouterr().err
 
@@ -128,8 +153,8 @@ def test_audit_log_spans_every_phase_of_a_run(tmp_path: Path):
 
     shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"  # a model that calls the tool
     run_dir = tmp_path / "audited"
-    common = ["--set", f"run_dir={run_dir}", "--set", "audit=true", "--set", f"eval_checkpoint={shipped}",
-              "--set", "eval_tasks=8", "--set", "eval_samples=2"]
+    common = ["--set", f"run.dir={run_dir}", "--set", "gate.audit=true", "--set", f"eval.checkpoint={shipped}",
+              "--set", "eval.tasks=8", "--set", "eval.samples=2"]
     assert main(["eval", str(SMOKE), *common, "--name", "first"]) == 0
     assert main(["eval", str(SMOKE), *common, "--name", "second"]) == 0
     result = verify(run_dir / "audit.jsonl")
@@ -148,17 +173,25 @@ def test_a_refused_resume_leaves_the_runs_config_as_it_was(tmp_path: Path, capsy
     is written: the run folder's config, the record of how the run started, is kept."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    saved = yaml.safe_dump({**yaml.safe_load(SMOKE.read_text()), "init_from": "checkpoints/calc-sft", "run_dir": str(run_dir)})
+    saved = _saved_smoke(run_dir)
     (run_dir / "config.yaml").write_text(saved)
-    assert main(["train", "--resume", str(run_dir), "--set", "init_from=", "--override"]) == 2
-    assert "init_from is empty" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run_dir), "--set", "rl.init_from=", "--override"]) == 2
+    assert "'rl.init_from' is empty" in capsys.readouterr().err
     assert (run_dir / "config.yaml").read_text() == saved
 
 
+def _saved_smoke(run_dir: Path) -> str:
+    """SMOKE's sections with rl.init_from and run.dir set, as YAML."""
+    sections = yaml.safe_load(SMOKE.read_text())
+    sections["rl"]["init_from"] = "checkpoints/calc-sft"
+    sections["run"]["dir"] = str(run_dir)
+    return yaml.safe_dump(sections)
+
+
 def _started_run(run_dir: Path) -> str:
-    """A run folder as `toolpolicy train SMOKE --set init_from=... --set rl_steps=4` leaves it."""
+    """A run folder as `toolpolicy train SMOKE --set rl.init_from=... --set rl.steps=4` leaves it."""
     run_dir.mkdir()
-    saved = yaml.safe_dump({**yaml.safe_load(SMOKE.read_text()), "init_from": "checkpoints/calc-sft", "run_dir": str(run_dir)})
+    saved = _saved_smoke(run_dir)
     (run_dir / "config.yaml").write_text(saved)
     return saved
 
@@ -173,16 +206,16 @@ def test_resume_goes_on_with_the_runs_own_config(tmp_path: Path, capsys, monkeyp
     # The config file again, without the --set it started with: the run's config.yaml is what counts.
     assert main(["train", str(SMOKE), "--resume", str(run_dir)]) == 0
     assert "note: resuming with" in capsys.readouterr().err
-    assert main(["train", "--resume", str(run_dir), "--set", "rl_steps=4"]) == 0  # a --set that changes nothing
-    assert [(cfg.init_from, cfg.rl_steps, resume) for cfg, resume in resumed] == [("checkpoints/calc-sft", 4, True)] * 2
+    assert main(["train", "--resume", str(run_dir), "--set", "rl.steps=4"]) == 0  # a --set that changes nothing
+    assert [(cfg.rl.init_from, cfg.rl.steps, resume) for cfg, resume in resumed] == [("checkpoints/calc-sft", 4, True)] * 2
     # A --set that contradicts the saved config is refused, naming the field and both values.
     saved = (run_dir / "config.yaml").read_text()
-    assert main(["train", "--resume", str(run_dir), "--set", "rl_steps=20"]) == 2
+    assert main(["train", "--resume", str(run_dir), "--set", "rl.steps=20"]) == 2
     err = capsys.readouterr().err
-    assert f"{run_dir / 'config.yaml'}: rl_steps from 4 to 20" in err and "--override" in err
+    assert f"{run_dir / 'config.yaml'}: rl.steps from 4 to 20" in err and "--override" in err
     assert (run_dir / "config.yaml").read_text() == saved
-    assert main(["train", "--resume", str(run_dir), "--set", "rl_steps=20", "--override"]) == 0
-    assert resumed[-1][0].rl_steps == 20 and yaml.safe_load((run_dir / "config.yaml").read_text())["rl_steps"] == 20
+    assert main(["train", "--resume", str(run_dir), "--set", "rl.steps=20", "--override"]) == 0
+    assert resumed[-1][0].rl.steps == 20 and yaml.safe_load((run_dir / "config.yaml").read_text())["rl"]["steps"] == 20
     assert main(["train", str(SMOKE), "--override"]) == 2
     assert "--override lets --set change a resumed run's saved config" in capsys.readouterr().err
 
@@ -207,7 +240,7 @@ def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(command: str, tmp_p
     monkeypatch.setattr(toolpolicy.trainer.rl, "train_rl", interrupted)
     monkeypatch.setattr(toolpolicy.demo, "run_demo", interrupted)
     flag = ["--config"] if command == "demo" else []
-    assert main([command, *flag, str(SMOKE), "--set", f"run_dir={run_dir}", "--set", "init_from=checkpoints/calc-sft"]) == 130
+    assert main([command, *flag, str(SMOKE), "--set", f"run.dir={run_dir}", "--set", "rl.init_from=checkpoints/calc-sft"]) == 130
     trainer, total = ("sft", 60) if phase == "sft" else ("train", 4)
     assert capsys.readouterr().err == (
         f"toolpolicy {command}: interrupted in {phase} after step 3 of {total}; "
@@ -229,7 +262,7 @@ def test_a_config_write_cut_short_keeps_the_old_file(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(Path, "write_text", cut_short)
     with pytest.raises(KeyboardInterrupt):
-        save_config(load_config(None, ["rl_steps=7"]), path)
+        save_config(load_config(None, ["rl.steps=7"]), path)
     monkeypatch.undo()
     assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
 
@@ -242,14 +275,20 @@ def test_version_is_printed():
 
 def test_an_unknown_field_suggests_the_closest_known_ones(tmp_path: Path):
     bad = tmp_path / "typo.yaml"
-    bad.write_text("rl_step: 3\ninitfrom: x\nzzz: 1\n")
+    bad.write_text("rl:\n  step: 3\n  initfrom: x\n  zzz: 1\nrun:\n  sft_steps: 2\nalgorithms:\n  beta: 1\n")
     with pytest.raises(ConfigError) as err:
         load_config(bad)
     lines = str(err.value).splitlines()
     assert lines[0] == f"{bad}: invalid config"
-    assert lines[1].startswith("  field 'rl_step': unknown field; did you mean 'rl_steps'")
-    assert lines[2].startswith("  field 'initfrom': unknown field; did you mean 'init_from'?")
-    assert lines[3] == "  field 'zzz': unknown field (see `toolpolicy config` for the list)"
+    expected = [
+        "  field 'algorithms': unknown field; did you mean 'algorithm'?",
+        "  field 'run.sft_steps': unknown field; did you mean 'sft.steps'?",  # a flat name, in the wrong section
+        "  field 'rl.step': unknown field; did you mean 'rl.steps'",
+        "  field 'rl.initfrom': unknown field; did you mean 'rl.init_from'",
+        "  field 'rl.zzz': unknown field (see `toolpolicy config` for the list)",
+    ]
+    assert len(lines) == 1 + len(expected)
+    assert all(any(line.startswith(start) for line in lines[1:]) for start in expected), lines
 
 
 def test_a_path_in_a_config_file_is_found_from_the_current_folder_then_from_the_file(tmp_path: Path, monkeypatch):
@@ -261,22 +300,22 @@ def test_a_path_in_a_config_file_is_found_from_the_current_folder_then_from_the_
     (configs / "rules.yaml").write_text("rules: []\n")
     (tmp_path / "project" / "data.jsonl").write_text("")
     config = configs / "run.yaml"
-    config.write_text("policy: rules.yaml\nsft_data: data.jsonl\nrun_dir: runs/x\ninit_from: nowhere/model\n")
+    config.write_text("gate: {policy: rules.yaml}\nsft: {data: data.jsonl}\nrun: {dir: runs/x}\nrl: {init_from: nowhere/model}\n")
     monkeypatch.chdir(elsewhere)
     cfg = load_config(config)
-    assert cfg.policy == str(configs / "rules.yaml")  # beside the config file
-    assert cfg.sft_data == str(tmp_path / "project" / "data.jsonl")  # in a folder above it
-    assert (cfg.run_dir, cfg.init_from) == ("runs/x", "nowhere/model")  # written, or found nowhere: as written
+    assert cfg.gate.policy == str(configs / "rules.yaml")  # beside the config file
+    assert cfg.sft.data == str(tmp_path / "project" / "data.jsonl")  # in a folder above it
+    assert (cfg.run.dir, cfg.rl.init_from) == ("runs/x", "nowhere/model")  # written, or found nowhere: as written
     (elsewhere / "rules.yaml").write_text("rules: []\n")
-    assert load_config(config).policy == "rules.yaml"  # the current folder's comes first
-    assert load_config(config, ["sft_data=data.jsonl"]).sft_data == "data.jsonl"  # a --set: as given
+    assert load_config(config).gate.policy == "rules.yaml"  # the current folder's comes first
+    assert load_config(config, ["sft.data=data.jsonl"]).sft.data == "data.jsonl"  # a --set: as given
     # The shipped demo config finds the repository's checkpoints/calc-sft from any folder.
-    assert (Path(load_config(default_config_path()).cold_start) / "config.json").is_file()
+    assert (Path(load_config(default_config_path()).sft.cold_start) / "config.json").is_file()
 
 
 def test_the_demo_announces_the_sft_data_it_trains_on():
     from toolpolicy.demo import sft_source
 
     assert sft_source(load_config(SMOKE, [])) == "building the embedded model and SFT cold start on the calc demonstrator's episodes"
-    own = load_config(SMOKE, ["model=models/mine", "sft_data=data/sft.jsonl"])
+    own = load_config(SMOKE, ["model.source=models/mine", "sft.data=data/sft.jsonl"])
     assert sft_source(own) == "models/mine: SFT cold start on the conversations of data/sft.jsonl"

@@ -28,8 +28,8 @@ from toolpolicy.trainer.rl import rank_share
 from conftest import SMOKE, free_port
 
 CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
-BASE = ["--set", f"init_from={CALC_SFT}", "--set", "rl_steps=3", "--set", "checkpoint_every=2"]
-RUN = [*BASE, "--set", "sampling_streams=episode", "--set", "audit=true"]
+BASE = ["--set", f"rl.init_from={CALC_SFT}", "--set", "rl.steps=3", "--set", "run.checkpoint_every=2"]
+RUN = [*BASE, "--set", "rl.sampling_streams=episode", "--set", "gate.audit=true"]
 VARIES = ("time/", "memory/", "tokens/prefill", "tokens/decode")  # timings, and work that depends on batch shape
 
 
@@ -59,14 +59,14 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("ddp") / "one"
-    assert main(["train", str(SMOKE), *RUN, "--set", f"run_dir={run_dir}"]) == 0
+    assert main(["train", str(SMOKE), *RUN, "--set", f"run.dir={run_dir}"]) == 0
     return run_dir
 
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("ddp") / "two"
-    torchrun("train", str(SMOKE), *RUN, "--set", f"run_dir={run_dir}")
+    torchrun("train", str(SMOKE), *RUN, "--set", f"run.dir={run_dir}")
     return run_dir
 
 
@@ -110,16 +110,17 @@ def test_two_processes_resume_exactly(two_processes: Path, tmp_path: Path):
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
 
 
-@pytest.mark.parametrize("settings", [[], ["sampling_streams=episode", "lora_rank=4"]])
+@pytest.mark.parametrize("settings", [[], ["rl.sampling_streams=episode", "model.lora_rank=4"]])
 def test_what_cannot_split_across_processes_is_refused_before_any_work(settings: list[str], tmp_path: Path, monkeypatch):
     """Under torchrun (WORLD_SIZE=2) batch streams or LoRA are a config error, raised before a
     model is loaded or a process group joined."""
-    from toolpolicy.config import ConfigError, load_config
+    from toolpolicy.build import load_config
+    from toolpolicy.config import ConfigError
     from toolpolicy.trainer.rl import train_rl
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    cfg = load_config(SMOKE, [f"init_from={CALC_SFT}", f"run_dir={tmp_path}", *settings])
-    with pytest.raises(ConfigError, match="2 processes need sampling_streams: episode"):
+    cfg = load_config(SMOKE, [f"rl.init_from={CALC_SFT}", f"run.dir={tmp_path}", *settings])
+    with pytest.raises(ConfigError, match="2 processes need rl.sampling_streams: episode on a backend that takes a seed per request"):
         train_rl(cfg, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
@@ -173,7 +174,7 @@ class RayCluster(NamedTuple):
 @pytest.fixture(scope="module")
 def two_ray_workers(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("ray") / "two-workers"
-    settings = ["--set", "ray_rollout_workers=2", "--set", f"ray_address={ray_cluster.address}", "--set", f"run_dir={run_dir}"]
+    settings = ["--set", "rl.ray_workers=2", "--set", f"rl.ray_address={ray_cluster.address}", "--set", f"run.dir={run_dir}"]
     ray_cluster.train(str(SMOKE), *RUN, *settings)
     return run_dir
 
@@ -212,13 +213,14 @@ def test_ray_workers_resume_exactly(ray_cluster: RayCluster, two_ray_workers: Pa
 @pytest.mark.parametrize(
     "settings,message",
     [
-        (["sampling_streams=episode", "backend=vllm"], "sampling_streams: episode needs backend hf"),
-        (["ray_rollout_workers=2"], "ray_rollout_workers needs sampling_streams: episode"),
-        (["ray_rollout_workers=2", "sampling_streams=episode", "lora_rank=4"], "no lora_rank"),
+        (["rl.sampling_streams=episode", "backend=vllm"], "rl.sampling_streams: episode needs a backend that takes a seed per request"),
+        (["rl.ray_workers=2"], "rl.ray_workers needs rl.sampling_streams: episode"),
+        (["rl.ray_workers=2", "rl.sampling_streams=episode", "model.lora_rank=4"], "no model.lora_rank"),
     ],
 )
 def test_settings_that_cannot_split_a_step_are_config_errors(settings: list[str], message: str):
-    from toolpolicy.config import ConfigError, load_config
+    from toolpolicy.build import load_config
+    from toolpolicy.config import ConfigError
 
     with pytest.raises(ConfigError, match=message) as error:
         load_config(SMOKE, settings)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from toolpolicy.build import prepare_run_dir
-from toolpolicy.config import load_config
+from toolpolicy.build import load_config
 from toolpolicy.envs.base import opening
 from toolpolicy.eval import run as eval_run
 from toolpolicy.model import char_codec, make_template
-from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend
+from toolpolicy.rollout import EpisodeLimits, RolloutEngine, ScriptedBackend
 from toolpolicy.rollout.dropped import dropped_line, dropped_metrics
 from toolpolicy.tools import ToolError, ToolSet, tool
 from toolpolicy.trainer import rl
@@ -73,7 +73,7 @@ def six_episodes() -> list:
     scripts = {0: [calls("parsec"), answer], 1: [calls("mile"), answer], **{i: [answer] for i in range(2, 6)}}
     backend = ScriptedBackend(scripts, TEMPLATE.render_assistant, encode)
     env = ConvertEnv()
-    with RolloutEngine(env, TEMPLATE, encode, decode, backend, Limits(max_tokens=4000, max_turn_tokens=400)) as engine:
+    with RolloutEngine(env, TEMPLATE, encode, decode, backend, EpisodeLimits(max_tokens=4000, max_turn_tokens=400)) as engine:
         return [t.episode for t in engine.run(env.tasks("eval", 6, 0))]
 
 
@@ -107,7 +107,7 @@ def test_the_dropped_line_counts_each_cause_and_names_the_first_three():
 def test_eval_reports_its_dropped_episodes_on_stderr_and_in_the_summary(tmp_path, monkeypatch, capsys):
     episodes = six_episodes()
     monkeypatch.setattr(eval_run, "_run_checkpoint", lambda cfg, checkpoint, name, gate: (ConvertEnv(), [(e, 0) for e in episodes]))
-    cfg = load_config(SMOKE, [f"run_dir={tmp_path}"])
+    cfg = load_config(SMOKE, [f"run.dir={tmp_path}"])
     summary = eval_run.evaluate(cfg, tmp_path, "broken", tmp_path)
     assert summary["infra_errors"] == 1 and summary["n"] == 5
     assert summary["dropped"] == {episodes[0].infra_error: 1}
@@ -128,11 +128,11 @@ def test_rl_warns_and_logs_each_step_it_drops_episodes_from_and_stops_past_half(
         return replace(rollouts, usable=rollouts.usable.clone().index_fill_(0, rl.torch.arange(broken), False))
 
     monkeypatch.setattr(rl, "sample_groups", tools_fail)
-    settings = [f"init_from={untrained}", "max_tokens=64", "rl_steps=3", f"run_dir={tmp_path / 'run'}"]
+    settings = [f"rl.init_from={untrained}", "rollout.max_tokens=64", "rl.steps=3", f"run.dir={tmp_path / 'run'}"]
     cfg = load_config(SMOKE, settings)
     with pytest.raises(EpisodesDropped) as dropped:
         train_rl(cfg, prepare_run_dir(cfg))
-    episodes = cfg.prompts_per_step * cfg.group_size
+    episodes = cfg.rl.prompts_per_step * cfg.rl.group_size
     assert str(dropped.value).startswith(f"rl step 2 dropped {episodes - 1} of {episodes} episodes")
     assert "fix the tool or service" in str(dropped.value)
     err = capsys.readouterr().err

@@ -14,11 +14,11 @@ from toolpolicy.envs import CalcEnv
 from toolpolicy.envs.calc import ExpertStyle
 from toolpolicy.model import PolicyModel, codec, make_template
 from toolpolicy.model.embedded import train_tokenizer
-from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, ScriptedBackend
+from toolpolicy.rollout import HFBackend, EpisodeLimits, RolloutEngine, ScriptedBackend
 from toolpolicy.rollout.backends import Generation, GenRequest
 from toolpolicy.trainer.batch import collate, forward_logprobs
 from toolpolicy.model import char_codec
-from toolpolicy.eval.metrics import EpisodeRecord, summarize
+from toolpolicy.eval.metrics import ScoredEpisode, summarize
 from toolpolicy.gate import Gate, Policy
 from toolpolicy.rewards import policy_violation
 from toolpolicy.tools import ToolSet, tool
@@ -27,7 +27,7 @@ from toolpolicy.types import Message, Task, ToolCall, ToolResult
 TEMPLATE = make_template(compact=True)
 
 
-def scripted_engine(scripts: dict[int, list[Message]], encode, decode, limits: Limits = Limits(max_tokens=4000, max_turn_tokens=400)) -> RolloutEngine:
+def scripted_engine(scripts: dict[int, list[Message]], encode, decode, limits: EpisodeLimits = EpisodeLimits(max_tokens=4000, max_turn_tokens=400)) -> RolloutEngine:
     backend = ScriptedBackend(scripts, TEMPLATE.render_assistant, encode)
     return RolloutEngine(CalcEnv(), TEMPLATE, encode, decode, backend, limits)
 
@@ -84,7 +84,7 @@ def test_loss_mask_is_one_exactly_on_assistant_tokens(tokenizer):
 
 def test_malformed_calls_become_observations_and_events():
     encode, decode = char_codec()
-    engine = scripted_engine({0: [BAD_JSON, UNKNOWN, WRONG_ARG, ANSWER]}, encode, decode, Limits(max_turns=5, max_tokens=4000))
+    engine = scripted_engine({0: [BAD_JSON, UNKNOWN, WRONG_ARG, ANSWER]}, encode, decode, EpisodeLimits(max_turns=5, max_tokens=4000))
     (trajectory,) = engine.run(CalcEnv().tasks("train", 1, seed=3))
     episode = trajectory.episode
     assert episode.count("invalid_call") == 3
@@ -98,12 +98,12 @@ def test_malformed_calls_become_observations_and_events():
 
 def test_budgets_truncate_and_say_so():
     encode, decode = char_codec()
-    engine = scripted_engine({0: [GOOD, GOOD, GOOD]}, encode, decode, Limits(max_turns=2, max_tokens=4000))
+    engine = scripted_engine({0: [GOOD, GOOD, GOOD]}, encode, decode, EpisodeLimits(max_turns=2, max_tokens=4000))
     (trajectory,) = engine.run(CalcEnv().tasks("train", 1, seed=3))
     assert trajectory.episode.truncated
     assert trajectory.episode.events[-1].detail == "max_turns"
 
-    engine = scripted_engine({0: [GOOD]}, encode, decode, Limits(max_turn_tokens=10, max_tokens=4000))
+    engine = scripted_engine({0: [GOOD]}, encode, decode, EpisodeLimits(max_turn_tokens=10, max_tokens=4000))
     (trajectory,) = engine.run(CalcEnv().tasks("train", 1, seed=3))
     assert trajectory.episode.truncated and trajectory.response_len == 10
 
@@ -113,7 +113,7 @@ def test_rollout_logprobs_match_trainer_recompute_on_multi_turn(smoke_run):
     policy = PolicyModel.load(smoke_run / "sft" / "final")
     model = policy.model
     backend = HFBackend(model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
-    engine = RolloutEngine(CalcEnv(), policy.chat, policy.encode, policy.decode, backend, Limits())
+    engine = RolloutEngine(CalcEnv(), policy.chat, policy.encode, policy.decode, backend, EpisodeLimits())
     tasks = [t for t in CalcEnv().tasks("eval", 16, seed=5) for _ in range(4)]
     trajectories = engine.run(tasks)
     multi = [t for t in trajectories if len(t.turn_spans) >= 2]
@@ -145,7 +145,7 @@ def test_gate_denial_becomes_an_observation_and_the_tool_never_runs(tmp_path):
     encode, decode = char_codec()
     power = Message("assistant", "", (ToolCall("calculator", {"expression": "2 ** 10"}),))
     backend = ScriptedBackend({0: [power, GOOD, ANSWER]}, TEMPLATE.render_assistant, encode)
-    engine = RolloutEngine(env, TEMPLATE, encode, decode, backend, Limits(max_tokens=4000, max_turn_tokens=400), gate)
+    engine = RolloutEngine(env, TEMPLATE, encode, decode, backend, EpisodeLimits(max_tokens=4000, max_turn_tokens=400), gate)
     (trajectory,) = engine.run(env.tasks("train", 1, seed=3))
     episode = trajectory.episode
     denial, result = [m.content for m in episode.messages if m.role == "tool"]
@@ -153,6 +153,44 @@ def test_gate_denial_becomes_an_observation_and_the_tool_never_runs(tmp_path):
     assert result == "84"
     assert [e.kind for e in episode.events] == ["gate_deny", "tool_call"]
     assert verify(log).ok and verify(log).records == 2
+
+
+@pytest.mark.parametrize("enforce", [True, False])
+def test_a_gate_fault_is_an_infrastructure_error_never_the_models_violation(enforce: bool, monkeypatch):
+    """A gate that fails inside itself denies (fails closed), and the decision says it was the
+    gate's fault: the episode ends as an infrastructure error, with no denial or violation for
+    the rewards to charge to the model, in shadow mode too (the call does not run then either)."""
+    env = CalcEnv()
+    gate = Gate(Policy.from_dict({"default": "allow"}, "allow-all"), env.tools, enforce=enforce)
+
+    def broken(call, ledger):
+        raise RuntimeError("the policy store went away")
+
+    monkeypatch.setattr(gate, "_evaluate", broken)
+    decision = gate.evaluate(GOOD.tool_calls[0])
+    assert (decision.effect, decision.outcome) == ("deny", "gate_error") and "went away" in decision.reason
+    encode, decode = char_codec()
+    backend = ScriptedBackend({0: [GOOD, ANSWER]}, TEMPLATE.render_assistant, encode)
+    engine = RolloutEngine(env, TEMPLATE, encode, decode, backend, EpisodeLimits(max_tokens=4000, max_turn_tokens=400), gate)
+    (trajectory,) = engine.run(env.tasks("train", 1, seed=3))
+    episode = trajectory.episode
+    assert episode.infra_error is not None and "policy gate" in episode.infra_error
+    assert not [e for e in episode.events if e.kind in ("gate_deny", "violation", "tool_call")]
+    assert policy_violation(episode) == 0.0
+
+
+def test_decisions_say_what_kind_of_outcome_they_are():
+    policy = Policy.from_dict({"default": "deny", "rules": [
+        {"id": "small", "effect": "permit", "tools": ["calculator"], "when": "size(args.expression) < 20"},
+    ]}, "p")
+    gate = Gate(policy, CalcEnv().tools)
+    outcomes = {
+        "allowed": ToolCall("calculator", {"expression": "1 + 1"}),
+        "denied": ToolCall("calculator", {"expression": "1 + 1 + 1 + 1 + 1 + 1 + 1 + 1"}),
+        "malformed": ToolCall("calculator", {"expr": "1 + 1"}),
+        "unknown_tool": ToolCall("search", {"query": "x"}),
+    }
+    assert {kind: gate.evaluate(call).outcome for kind, call in outcomes.items()} == {kind: kind for kind in outcomes}
 
 
 def test_tool_facts_reach_the_ledger_and_the_policy_reads_them():
@@ -212,7 +250,7 @@ def test_tool_facts_reach_the_ledger_and_the_policy_reads_them():
         Message("assistant", "Done. Answer: 20"),
     ]
     backend = ScriptedBackend({0: turns}, TEMPLATE.render_assistant, encode)
-    limits = Limits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
+    limits = EpisodeLimits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
     with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits, Gate(policy, env.tools)) as engine:
         (trajectory,) = engine.run(env.tasks("train", 1, 0))
     episode = trajectory.episode
@@ -224,7 +262,7 @@ def test_tool_facts_reach_the_ledger_and_the_policy_reads_them():
     assert [e.kind for e in episode.events] == ["gate_deny", "tool_call", "gate_deny", "tool_call", "tool_call"]
     assert policy_violation(episode) == 2.0
     assert episode.denials_by_rule() == {"verify-first": 2}
-    summary = summarize([EpisodeRecord.from_episode(episode, True, 10), EpisodeRecord.from_episode(episode, True, 10)])
+    summary = summarize([ScoredEpisode.from_episode(episode, True, 10), ScoredEpisode.from_episode(episode, True, 10)])
     assert summary["denials_per_episode"] == 2.0
     assert summary["denials_by_rule"] == {"verify-first": 2.0}
 
@@ -280,7 +318,7 @@ def test_each_episode_gets_its_own_session_and_its_outcome():
     scripts = {0: [bump, bump, Message("assistant", "two"), Message("assistant", "yes")], 1: [bump, Message("assistant", "one")],
                2: [Message("assistant", "none")]}
     backend = ScriptedBackend(scripts, TEMPLATE.render_assistant, encode)
-    limits = Limits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
+    limits = EpisodeLimits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
     env = CounterEnv()
     seen = []  # what the progress figures saw after each turn: (task, outcome) of the ended episodes
 
@@ -371,7 +409,7 @@ def test_sampled_ids_survive_unchanged_on_a_real_bpe(calc_bpe):
     answer_logp = [-1.5 - 0.02 * k for k in range(len(answer_ids))]
     backend = ReplayIds([(call_ids, call_logp), (answer_ids, answer_logp)])
     env = CalcEnv()
-    engine = RolloutEngine(env, TEMPLATE, encode, decode, backend, Limits(max_tokens=4000, max_turn_tokens=400))
+    engine = RolloutEngine(env, TEMPLATE, encode, decode, backend, EpisodeLimits(max_tokens=4000, max_turn_tokens=400))
     (trajectory,) = engine.run(env.tasks("train", 1, seed=3))
 
     # The turns were understood: the split call ran, the split answer ended the episode.
@@ -411,7 +449,7 @@ def test_padding_is_never_a_sampled_target(calc_bpe):
     """Contract 2 on padding: two trajectories of different lengths, both ending on a sampled token."""
     encode, decode = codec(calc_bpe)
     backend = ScriptedBackend({0: [GOOD, ANSWER], 1: [ANSWER]}, TEMPLATE.render_assistant, encode)
-    engine = RolloutEngine(CalcEnv(), TEMPLATE, encode, decode, backend, Limits(max_tokens=4000, max_turn_tokens=400))
+    engine = RolloutEngine(CalcEnv(), TEMPLATE, encode, decode, backend, EpisodeLimits(max_tokens=4000, max_turn_tokens=400))
     long, short = engine.run(CalcEnv().tasks("train", 1, seed=3) * 2)
     assert len(long.token_ids) > len(short.token_ids)
     assert long.loss_mask[-1] == short.loss_mask[-1] == 1  # the padding starts right after a sampled token
@@ -445,7 +483,7 @@ def test_gate_denial_observation_has_loss_mask_zero(calc_bpe):
     encode, decode = codec(calc_bpe)
     power = Message("assistant", "", (ToolCall("calculator", {"expression": "2 ** 10"}),))
     backend = ScriptedBackend({0: [power, GOOD, ANSWER]}, TEMPLATE.render_assistant, encode)
-    limits = Limits(max_tokens=4000, max_turn_tokens=400)
+    limits = EpisodeLimits(max_tokens=4000, max_turn_tokens=400)
     with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits, Gate(policy, env.tools)) as engine:
         (trajectory,) = engine.run(env.tasks("train", 1, seed=3))
     episode = trajectory.episode
@@ -486,7 +524,7 @@ def test_simulated_user_turn_has_loss_mask_zero(hotel_bpe):
     bye = Message("assistant", "Thank you, you are verified.")
     encode, decode = codec(hotel_bpe)
     backend = ScriptedBackend({0: [ask, verify, bye]}, TEMPLATE.render_assistant, encode)
-    limits = Limits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
+    limits = EpisodeLimits(max_turns=8, max_tokens=4000, max_turn_tokens=400)
     with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits) as engine:
         (trajectory,) = engine.run([task])
     episode = trajectory.episode

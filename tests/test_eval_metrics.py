@@ -8,7 +8,7 @@ import pytest
 
 import toolpolicy.eval.metrics
 import toolpolicy.report.comparison
-from toolpolicy.eval.metrics import MAX_PASS_K, EpisodeRecord, pass_at_k, pass_hat_k, summarize
+from toolpolicy.eval.metrics import MAX_PASS_K, ScoredEpisode, pass_at_k, pass_hat_k, summarize
 from toolpolicy.types import Episode, Event, Message, Task
 from toolpolicy.report import format_comparison, format_summary
 
@@ -65,7 +65,7 @@ def test_pass_estimators_reject_bad_counts(n, c, k):
 
 
 def record(task_id, difficulty, correct, tool_calls=1, invalid_calls=0, truncated=False, infra=False, tokens=100):
-    return EpisodeRecord(task_id, difficulty, correct, tool_calls, invalid_calls, truncated, infra, tokens)
+    return ScoredEpisode(task_id, difficulty, correct, tool_calls, invalid_calls, truncated, infra, tokens)
 
 
 def test_summarize_uneven_trials_and_infra_exclusion():
@@ -175,11 +175,11 @@ def test_record_from_episode():
         truncated=True,
         infra_error="calculator timed out",
     )
-    assert EpisodeRecord.from_episode(ep, correct=False, tokens=321) == EpisodeRecord(
+    assert ScoredEpisode.from_episode(ep, correct=False, tokens=321) == ScoredEpisode(
         "t7", "medium", False, 2, 2, True, True, 321
     )
     clean = Episode(Task("t8", "?", "1"), [])
-    assert EpisodeRecord.from_episode(clean, True, 0) == EpisodeRecord("t8", "all", True, 0, 0, False, False, 0)
+    assert ScoredEpisode.from_episode(clean, True, 0) == ScoredEpisode("t8", "all", True, 0, 0, False, False, 0)
 
 
 def test_docstring_examples():
@@ -191,17 +191,17 @@ def test_violations_wrong_writes_and_categories_come_from_the_episode():
     task = Task("h1", "cancel my stay", "", {"category": "forbidden"})
     ep = Episode(task, [], [Event("gate_deny", 0, "late-cancel"), Event("tool_call", 1, "get_booking")])
     ep.outcome = {"violations": 2, "wrong_writes": 1, "wrong_write_calls": ["cancel(booking=B7)"]}
-    r = EpisodeRecord.from_episode(ep, False, 40)
+    r = ScoredEpisode.from_episode(ep, False, 40)
     assert (r.category, r.violations, r.violations_run, r.wrong_writes, r.denials) == ("forbidden", 3, 2, 1, 1)
     clean = Episode(Task("h2", "x", "", {"category": "feasible"}), [])
-    summary = summarize([r, EpisodeRecord.from_episode(clean, True, 10)])
+    summary = summarize([r, ScoredEpisode.from_episode(clean, True, 10)])
     assert summary["violations_per_episode"] == 1.5 and summary["wrong_writes_per_episode"] == 0.5
     assert summary["violations_run_per_episode"] == 1.0
     assert summary["wrong_write_examples"] == ["h1 (forbidden): cancel(booking=B7)"]
     assert format_summary({**summary, "name": "off"}).endswith("first 1):\n  h1 (forbidden): cancel(booking=B7)")
     assert list(summary["by_category"]) == ["feasible", "forbidden"]
     assert summary["by_category"]["forbidden"]["accuracy"] == 0.0 and summary["by_category"]["feasible"]["accuracy"] == 1.0
-    assert "by_category" not in summarize([EpisodeRecord.from_episode(Episode(Task("c", "x", "1"), []), True, 1)])
+    assert "by_category" not in summarize([ScoredEpisode.from_episode(Episode(Task("c", "x", "1"), []), True, 1)])
 
 
 def test_paired_bootstrap_interval_by_hand() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from toolpolicy.cli import main
-from toolpolicy.gate import AuditError, AuditLog, Decision, generate_keypair, rewind, verify
+from toolpolicy.gate import AuditError, AuditLog, Decision, generate_keypair, rewind_audit_log, verify
 from toolpolicy.gate.audit import record_hash
 from toolpolicy.gate.digest import ZERO_HASH, args_digest
 from toolpolicy.types import ToolCall
@@ -415,7 +415,7 @@ def test_a_signed_log_rewound_and_continued_verifies(tmp_path: Path, keys: tuple
     saved = tmp_path / "saved.head"
     write_log(log, 2, signing_key=keys[0])
     saved.write_bytes(Path(f"{log}.head").read_bytes())
-    replayed = rewind(log, 3, signing_key=keys[0])
+    replayed = rewind_audit_log(log, 3, signing_key=keys[0])
     assert replayed is not None and len(replayed.read_text().splitlines()) == 3
     result = verify(log, public_key=keys[1])
     assert result.ok and result.records == 3 and result.last_hash == kept[-1]["hash"], str(result)
@@ -429,7 +429,7 @@ def test_rewinding_a_signed_log_needs_its_key(tmp_path: Path, keys: tuple[Path, 
     log = tmp_path / "audit.jsonl"
     write_log(log, 4, signing_key=keys[0])
     with pytest.raises(AuditError, match="the log is signed"):
-        rewind(log, 2)
+        rewind_audit_log(log, 2)
     assert verify(log, public_key=keys[1]).records == 4  # refused before anything moved
 
 
@@ -437,11 +437,11 @@ def test_an_interrupted_rewind_is_reported_as_such_and_rewinding_again_finishes_
     log = tmp_path / "audit.jsonl"
     write_log(log, 5, signing_key=keys[0])
     head_before = Path(f"{log}.head").read_bytes()
-    rewind(log, 2, signing_key=keys[0])
+    rewind_audit_log(log, 2, signing_key=keys[0])
     Path(f"{log}.head").write_bytes(head_before)  # killed after the log was replaced, before its head
     result = verify(log, public_key=keys[1])
     assert not result.ok and any("a rewind to seq 2 was interrupted" in p for p in result.problems), str(result)
-    assert rewind(log, 2, signing_key=keys[0]) is None  # nothing left to cut; the head is finished
+    assert rewind_audit_log(log, 2, signing_key=keys[0]) is None  # nothing left to cut; the head is finished
     result = verify(log, public_key=keys[1])
     assert result.ok and result.records == 2, str(result)
     write_log(log, 1, signing_key=keys[0])

@@ -10,7 +10,7 @@ import torch
 
 from toolpolicy.envs import HotelEnv, make_env
 from toolpolicy.model import PolicyModel
-from toolpolicy.rollout import GenRequest, HFBackend, Limits, RolloutEngine
+from toolpolicy.rollout import GenRequest, HFBackend, EpisodeLimits, RolloutEngine
 from toolpolicy.trainer.batch import collate, forward_logprobs
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
@@ -31,7 +31,7 @@ class ForgetEveryTurn(HFBackend):
 
 def rollout(policy: PolicyModel, backend: HFBackend, groups: int, size: int):
     env = HotelEnv()
-    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_turns=8, max_tokens=640))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, EpisodeLimits(max_turns=8, max_tokens=640))
     tasks = env.tasks("train", groups, seed=11)
     return engine.run([task for task in tasks for _ in range(size)])
 
@@ -87,7 +87,7 @@ def test_the_calc_sampler_is_unchanged_by_the_cache() -> None:
     tasks = [task for task in env.tasks("train", 4, seed=2) for _ in range(4)]
     runs = []
     for kind in (HFBackend, ForgetEveryTurn):
-        engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend_of(policy, kind), Limits())
+        engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend_of(policy, kind), EpisodeLimits())
         runs.append([t.token_ids for t in engine.run(tasks)])
     assert runs[0] == runs[1]
 
@@ -102,7 +102,7 @@ def test_an_episode_stream_samples_the_same_tokens_in_any_batch(hotel_policy: Po
     def run(picked: list[int], seeds: list[int]):
         engine = RolloutEngine(
             env, hotel_policy.chat, hotel_policy.encode, hotel_policy.decode, backend_of(hotel_policy),
-            Limits(max_turns=8, max_tokens=640),
+            EpisodeLimits(max_turns=8, max_tokens=640),
         )
         return [t.token_ids for t in engine.run([tasks[i] for i in picked], seeds=seeds)]
 
@@ -135,7 +135,7 @@ def test_a_cache_budget_changes_how_often_tokens_are_computed_never_which(hotel_
     never more cache kept than the budget."""
     env = HotelEnv()
     tasks = [task for task in env.tasks("train", 3, seed=11) for _ in range(2)]
-    limits = Limits(max_turns=8, max_tokens=640)
+    limits = EpisodeLimits(max_turns=8, max_tokens=640)
     unbounded, bounded = backend_of(hotel_policy), Bounded(hotel_policy, rows=2, positions=700)
     runs = []
     for backend in (unbounded, bounded):

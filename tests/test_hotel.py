@@ -17,18 +17,18 @@ from toolpolicy.envs.hotel import POLICY_FILE, ExpertStyle, HotelEnv, ScriptedUs
 from toolpolicy.envs.hotel.database import build_database, canonical_hash, fresh_copy, seed_database
 from toolpolicy.envs.hotel.tasks import ASK_IDENTITY, CATEGORY, TASKS_PER_DATABASE, plan_calls
 from toolpolicy.envs.hotel.tools import booking_facts, make_tools
-from toolpolicy.eval.metrics import EpisodeRecord, summarize
+from toolpolicy.eval.metrics import ScoredEpisode, summarize
 from toolpolicy.gate import Gate, Ledger, Policy
 from toolpolicy.model import make_template
 from toolpolicy.rewards import (
     Rubric, facts_communicated, goal_state, policy_violation, task_success, violations_run, wrong_state_writes,
 )
-from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend
+from toolpolicy.rollout import EpisodeLimits, RolloutEngine, ScriptedBackend
 from toolpolicy.model import char_codec
 from toolpolicy.types import Episode, Message, Task, ToolCall, ToolResult
 
 TEMPLATE = make_template(compact=True)
-LIMITS = Limits(max_turns=12, max_tokens=6000, max_turn_tokens=400)
+LIMITS = EpisodeLimits(max_turns=12, max_tokens=6000, max_turn_tokens=400)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -59,7 +59,7 @@ def verify_turn(task: Task) -> Message:
     return calls("verify", guest=info["guest"], surname=info["last_name"], year=info["birth_year"])
 
 
-def run(env: HotelEnv, tasks: list[Task], scripts: list[list[Message]], gate: bool, limits: Limits = LIMITS,
+def run(env: HotelEnv, tasks: list[Task], scripts: list[list[Message]], gate: bool, limits: EpisodeLimits = LIMITS,
         enforce: bool = True) -> list[Episode]:
     """Replay scripted assistant turns through the real engine, with or without the hotel gate
     (enforce=False: the gate in shadow mode, deciding every call but running denied ones)."""
@@ -394,14 +394,14 @@ def test_a_bug_inside_a_hotel_tool_is_an_infra_error_not_a_failure(env, train_ta
     monkeypatch.setattr("toolpolicy.envs.hotel.tools.booking_line", booking_line)
     (broken,) = run(env, [task], [[verify_turn(task), calls("read", booking=booking), says("Done.")]], gate=False)
     assert broken.infra_error is not None and broken.infra_error.startswith("tool 'read' raised AttributeError: ")
-    summary = summarize([EpisodeRecord.from_episode(e, task_success(e) == 1.0, 0) for e in (model_fault, broken)])
+    summary = summarize([ScoredEpisode.from_episode(e, task_success(e) == 1.0, 0) for e in (model_fault, broken)])
     assert summary["infra_errors"] == 1 and summary["n"] == 1 and summary["accuracy"] == 0.0
 
 
 def test_hitting_the_turn_limit_scores_zero(env, train_tasks):
     task = task_of(train_tasks, "cancel")
     script = [verify_turn(task), calls("read", booking=task.info["booking"]), calls("cancel", booking=task.info["booking"])]
-    (episode,) = run(env, [task], [script], gate=True, limits=Limits(max_turns=3, max_tokens=6000, max_turn_tokens=400))
+    (episode,) = run(env, [task], [script], gate=True, limits=EpisodeLimits(max_turns=3, max_tokens=6000, max_turn_tokens=400))
     assert episode.truncated and episode.outcome["goal_reached"] and task_success(episode) == 0.0
 
 
@@ -489,7 +489,7 @@ def test_cli_sft_then_eval_with_gate_off_and_on(tmp_path: Path, capsys) -> None:
     the guest played by a served model."""
     from toolpolicy.cli import main
 
-    run = ["--set", f"run_dir={tmp_path}"]
+    run = ["--set", f"run.dir={tmp_path}"]
     assert main(["sft", str(HOTEL_SMOKE), *run]) == 0
     assert main(["eval", str(HOTEL_SMOKE), *run, "--trials", "2", "--gate", "both"]) == 0
     printed = capsys.readouterr().out
@@ -510,8 +510,8 @@ def test_cli_sft_then_eval_with_gate_off_and_on(tmp_path: Path, capsys) -> None:
     try:
         port = server.stdout.readline().split()[1]
         os.environ["TEST_GUEST_KEY"] = "k"
-        guest = ["--set", f"user_endpoint_url=http://127.0.0.1:{port}/v1", "--set", "user_endpoint_model=guest",
-                 "--set", "endpoint_api_key_env=TEST_GUEST_KEY"]
+        guest = ["--set", f"env.user_url=http://127.0.0.1:{port}/v1", "--set", "env.user_model=guest",
+                 "--set", "env.user_api_key_env=TEST_GUEST_KEY"]
         assert main(["eval", str(HOTEL_SMOKE), *run, *guest, "--name", "served-guest"]) == 0
     finally:
         server.kill()

@@ -12,18 +12,19 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from toolpolicy.cli import main
-from toolpolicy.config import ConfigError, load_config
+from toolpolicy.build import load_config
+from toolpolicy.config import ConfigError
 from toolpolicy.envs.calc import CalcEnv
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.adapters import is_adapter
 from toolpolicy.model.placement import Placement, linear_weights_in
-from toolpolicy.rollout import HFBackend, Limits, RolloutEngine
+from toolpolicy.rollout import HFBackend, EpisodeLimits, RolloutEngine
 from toolpolicy.trainer.batch import collate, forward_logprobs
 
 from conftest import SMOKE
 
 CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
-LORA = ["--set", "lora_rank=8", "--set", "lora_alpha=16"]
+LORA = ["--set", "model.lora_rank=8", "--set", "model.lora_alpha=16"]
 
 
 def _metrics(run_dir: Path, phase: str) -> list[dict]:
@@ -35,9 +36,9 @@ def _metrics(run_dir: Path, phase: str) -> list[dict]:
 def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SFT with a LoRA adapter on the shipped calc model, then RL with a KL term."""
     run_dir = tmp_path_factory.mktemp("lora") / "run"
-    common = ["--set", f"run_dir={run_dir}", *LORA]
-    assert main(["sft", str(SMOKE), *common, "--set", f"model={CALC_SFT}", "--set", "sft_steps=4", "--set", "checkpoint_every=2"]) == 0
-    rl = ["--set", f"init_from={run_dir / 'sft' / 'final'}", "--set", "rl_steps=2", "--set", "beta=0.05", "--set", "max_idle_steps=0"]
+    common = ["--set", f"run.dir={run_dir}", *LORA]
+    assert main(["sft", str(SMOKE), *common, "--set", f"model.source={CALC_SFT}", "--set", "sft.steps=4", "--set", "run.checkpoint_every=2"]) == 0
+    rl = ["--set", f"rl.init_from={run_dir / 'sft' / 'final'}", "--set", "rl.steps=2", "--set", "algorithm.beta=0.05", "--set", "rl.max_idle_steps=0"]
     assert main(["train", str(SMOKE), *common, *rl]) == 0
     return run_dir
 
@@ -144,7 +145,7 @@ def test_sampler_and_trainer_agree_in_each_precision(dtype: str, tolerance: floa
     policy = PolicyModel.load(CALC_SFT, ChatChoice(), Placement(device="cpu", dtype=dtype))
     env = CalcEnv()
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
-    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits())
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, EpisodeLimits())
     trajectories = engine.run(env.tasks("eval", 8, seed=2))
     batch = collate(trajectories, policy.pad_id)
     with torch.no_grad():
@@ -158,7 +159,7 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path: Path) -> None:
     losses = {}
     for flag in (False, True):
         run_dir = tmp_path / f"gc-{flag}"
-        args = ["--set", f"run_dir={run_dir}", "--set", f"model={CALC_SFT}", "--set", "sft_steps=2", "--set", f"gradient_checkpointing={str(flag).lower()}"]
+        args = ["--set", f"run.dir={run_dir}", "--set", f"model.source={CALC_SFT}", "--set", "sft.steps=2", "--set", f"model.gradient_checkpointing={str(flag).lower()}"]
         assert main(["sft", str(SMOKE), *args]) == 0
         losses[flag] = [r["loss"] for r in _metrics(run_dir, "sft")]
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
@@ -166,9 +167,9 @@ def test_gradient_checkpointing_gives_the_same_step(tmp_path: Path) -> None:
 
 def test_devices_that_are_not_there_are_config_errors(tmp_path: Path, capsys) -> None:
     with pytest.raises(ConfigError, match="device"):
-        load_config(SMOKE, ["device=tpu"])
+        load_config(SMOKE, ["model.device=tpu"])
     if not torch.cuda.is_available():
-        assert main(["eval", str(SMOKE), "--set", f"run_dir={tmp_path}", "--set", f"eval_checkpoint={CALC_SFT}", "--set", "device=cuda"]) == 2
+        assert main(["eval", str(SMOKE), "--set", f"run.dir={tmp_path}", "--set", f"eval.checkpoint={CALC_SFT}", "--set", "model.device=cuda"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
 
 
@@ -209,7 +210,7 @@ def test_cpu_model_and_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
     assert cpu_model_and_flags("") == ("", frozenset())
     assert resolve_dtype("float16", torch.device("cpu")) == "float16"  # a dtype the config names is kept
     assert resolve_dtype("auto", torch.device("cpu")) in ("bfloat16", "float32")
-    assert load_config(SMOKE, ["dtype=auto"]).dtype == "auto"
+    assert load_config(SMOKE, ["model.dtype=auto"]).model.dtype == "auto"
 
 
 def test_the_decoder_and_head_called_alone_run_in_the_compute_dtype() -> None:

@@ -157,7 +157,7 @@ def test_reporting_a_folder_that_is_no_run_says_so_and_what_to_run(tmp_path: Pat
     missing = tmp_path / "nope"
     assert main(["report", str(missing)]) == 1
     err = capsys.readouterr().err
-    assert f"{missing}: no such run folder" in err and f"toolpolicy demo --set run_dir={missing}" in err
+    assert f"{missing}: no such run folder" in err and f"toolpolicy demo --set run.dir={missing}" in err
     assert "Errno" not in err and not missing.exists()
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -106,20 +106,20 @@ def _kill_then_resume(killer: str, command: list[str], run_dir: Path) -> None:
     module, attribute, when, after = KILLERS[killer]
     moment = json.dumps([[module, attribute], when, after])
     process = subprocess.run(
-        [sys.executable, "-c", DRIVER, moment, *command, "--set", f"run_dir={run_dir}"],
+        [sys.executable, "-c", DRIVER, moment, *command, "--set", f"run.dir={run_dir}"],
         capture_output=True, text=True, timeout=600,
     )
     assert process.returncode == -9, f"the run was not killed: {process.returncode}\n{process.stderr[-2000:]}"
     assert main([command[0], "--resume", str(run_dir)]) == 0
 
 
-RL = ["--set", f"init_from={CALC_SFT}", "--set", "rl_steps=4", "--set", "checkpoint_every=2", "--set", "audit=true"]
+RL = ["--set", f"rl.init_from={CALC_SFT}", "--set", "rl.steps=4", "--set", "run.checkpoint_every=2", "--set", "gate.audit=true"]
 
 
 @pytest.fixture(scope="module")
 def straight_rl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("straight") / "rl"
-    assert main(["train", str(SMOKE), *RL, "--set", f"run_dir={run_dir}"]) == 0
+    assert main(["train", str(SMOKE), *RL, "--set", f"run.dir={run_dir}"]) == 0
     return run_dir
 
 
@@ -143,13 +143,13 @@ def test_killed_rl_resumes_exactly_and_audits_each_decision_once(killer: str, st
         assert json.loads(cut[1])["seq"] == checkpoint["audit_seq"] + 1
 
 
-SFT = ["--set", "sft_steps=6", "--set", "checkpoint_every=2", "--set", "sft_examples=64", "--set", "tokenizer_texts=50"]
+SFT = ["--set", "sft.steps=6", "--set", "run.checkpoint_every=2", "--set", "sft.examples=64", "--set", "embedded.tokenizer_texts=50"]
 
 
 @pytest.fixture(scope="module")
 def straight_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("straight") / "sft"
-    assert main(["sft", str(SMOKE), *SFT, "--set", f"run_dir={run_dir}"]) == 0
+    assert main(["sft", str(SMOKE), *SFT, "--set", f"run.dir={run_dir}"]) == 0
     return run_dir
 
 

@@ -14,7 +14,7 @@ import torch
 
 from toolpolicy.build import prepare_run_dir
 from toolpolicy.cli import main
-from toolpolicy.config import load_config
+from toolpolicy.build import load_config
 from toolpolicy.trainer.checkpoint import latest_checkpoint
 from toolpolicy.trainer import rl
 from toolpolicy.trainer.rl import TrainingStalled, train_rl
@@ -23,11 +23,11 @@ from conftest import SMOKE
 
 # Scored on the answer alone: the format terms of calc's default Rubric would vary
 # with an untrained model's random tool-call tokens and give its groups a signal.
-ANSWER_ONLY = "rewards={correct_answer: 1.0}"
+ANSWER_ONLY = "rewards.weights={correct_answer: 1.0}"
 
 
 def _settings(untrained: Path, run_dir: Path, *overrides: str) -> list[str]:
-    return [f"init_from={untrained}", ANSWER_ONLY, "max_tokens=64", "checkpoint_every=1", f"run_dir={run_dir}", *overrides]
+    return [f"rl.init_from={untrained}", ANSWER_ONLY, "rollout.max_tokens=64", "run.checkpoint_every=1", f"run.dir={run_dir}", *overrides]
 
 
 def _train(settings: list[str]) -> int:
@@ -35,12 +35,12 @@ def _train(settings: list[str]) -> int:
 
 
 def test_rl_with_no_reward_signal_stops_and_keeps_its_run_folder(untrained: Path, tmp_path: Path) -> None:
-    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl_steps=6", "max_idle_steps=2"))
+    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl.steps=6", "rl.max_idle_steps=2"))
     with pytest.raises(TrainingStalled) as stalled:
         train_rl(cfg, prepare_run_dir(cfg))
     message = str(stalled.value)
     assert "\n" not in message and message.startswith("2 steps in a row had no group with a reward signal")
-    for advice in ("never produces a scorable, varied answer", "`toolpolicy sft`, then set init_from", "raise temperature"):
+    for advice in ("never produces a scorable, varied answer", "`toolpolicy sft`, then set rl.init_from", "raise rl.temperature"):
         assert advice in message
     run_dir = tmp_path / "run"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -58,7 +58,7 @@ def test_a_step_with_a_signal_starts_the_count_again(untrained: Path, tmp_path: 
         return replace(rollouts, signal=torch.full_like(rollouts.signal, second), groups=torch.full_like(rollouts.groups, second))
 
     monkeypatch.setattr(rl, "sample_groups", signal_on_step_2)
-    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl_steps=6", "max_idle_steps=2"))
+    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl.steps=6", "rl.max_idle_steps=2"))
     with pytest.raises(TrainingStalled, match="^2 steps in a row"):
         train_rl(cfg, prepare_run_dir(cfg))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -76,7 +76,7 @@ def test_a_step_that_trains_nothing_leaves_the_lr_schedule_where_it_is(untrained
         return replace(rollouts, signal=torch.full_like(rollouts.signal, kept), groups=torch.full_like(rollouts.groups, kept))
 
     monkeypatch.setattr(rl, "sample_groups", groups_from_step_2)
-    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl_steps=3", "max_idle_steps=0", "rl_warmup_steps=4"))
+    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", "rl.steps=3", "rl.max_idle_steps=0", "rl.warmup_steps=4"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train_rl(cfg, prepare_run_dir(cfg))
@@ -84,13 +84,13 @@ def test_a_step_that_trains_nothing_leaves_the_lr_schedule_where_it_is(untrained
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # Warm-up factor (optimizer steps taken + 1) / 4: step 1 takes none, steps 2 and 3 one each.
     assert [r["trained_episodes"] > 0 for r in rows] == [False, True, True]
-    assert [r["lr"] for r in rows] == pytest.approx([cfg.rl_lr / 4, cfg.rl_lr / 4, cfg.rl_lr / 2])
+    assert [r["lr"] for r in rows] == pytest.approx([cfg.rl.lr / 4, cfg.rl.lr / 4, cfg.rl.lr / 2])
 
 
 def test_the_cli_reports_a_stall_in_one_line_and_zero_turns_the_stop_off(untrained: Path, tmp_path: Path, capsys) -> None:
-    assert _train(_settings(untrained, tmp_path / "stalls", "rl_steps=3", "max_idle_steps=2")) == 2
+    assert _train(_settings(untrained, tmp_path / "stalls", "rl.steps=3", "rl.max_idle_steps=2")) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith("toolpolicy train: error: 2 steps in a row had no group with a reward signal")
-    assert _train(_settings(untrained, tmp_path / "runs_on", "rl_steps=2", "max_idle_steps=0")) == 0
+    assert _train(_settings(untrained, tmp_path / "runs_on", "rl.steps=2", "rl.max_idle_steps=0")) == 0
     assert (tmp_path / "runs_on" / "rl" / "final" / "model.safetensors").is_file()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from toolpolicy.cli import main
-from toolpolicy.rollout.store import read_step, rewind, stored_steps, write_step
+from toolpolicy.rollout.store import read_step, drop_steps_after, stored_steps, write_step
 
 pytestmark = pytest.mark.usefixtures("smoke_run")
 
@@ -77,7 +77,7 @@ def test_rewind_drops_later_steps_and_a_missing_step_is_named(smoke_run: Path, t
 
     for step in stored_steps(source):
         write_step(tmp_path, step, pq.read_table(source / f"step_{step:06d}.parquet"))
-    rewind(tmp_path, 2)
+    drop_steps_after(tmp_path, 2)
     assert stored_steps(tmp_path) == [1, 2]
     with pytest.raises(FileNotFoundError, match=r"steps 1\.\.2"):
         read_step(tmp_path, 3)

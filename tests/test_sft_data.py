@@ -16,9 +16,9 @@ import pytest
 from toolpolicy.build import build_env, episode_limits, load_policy_model
 from toolpolicy.chat.records import chat_record
 from toolpolicy.cli import main
-from toolpolicy.config import load_config
+from toolpolicy.build import load_config
 from toolpolicy.eval.export import export_episodes
-from toolpolicy.rollout import Limits
+from toolpolicy.rollout import EpisodeLimits
 from toolpolicy.rollout.engine import prompt_ids
 from toolpolicy.rollout.store import read_step, stored_steps
 from toolpolicy.config import ConfigError
@@ -33,20 +33,21 @@ CHECKPOINT = ROOT / "checkpoints" / "calc-sft"
 @pytest.fixture(scope="module")
 def calc():
     """The shipped model's chat format, the demo's config and 300 of its demonstrations."""
-    cfg = load_config(ROOT / "src/toolpolicy/configs/demo.yaml", ["threads=1"])
-    policy = load_policy_model(cfg, CHECKPOINT)
+    cfg = load_config(ROOT / "src/toolpolicy/configs/demo.yaml", ["run.threads=1"])
+    policy = load_policy_model(cfg.model, CHECKPOINT)
     demos = demonstrations(cfg, 300, policy.chat, policy.encode, policy.decode, "sft")
-    scripts = demonstrator_scripts(cfg, build_env(cfg).tasks("train", 300, seed=cfg.seed), "sft")
+    env = build_env(cfg.env)
+    scripts = demonstrator_scripts(cfg, env, env.tasks("train", 300, seed=cfg.run.seed), "sft")
     return cfg, policy, demos, scripts
 
 
 def test_exported_demonstrations_read_back_as_the_very_same_tokens_and_mask(calc, tmp_path):
     cfg, policy, demos, scripts = calc
     assert any(d.episode.truncated for d in demos)  # the budget cuts are part of what must match
-    tools = build_env(cfg).tools.specs()
+    tools = build_env(cfg.env).tools.specs()
     path = tmp_path / "demos.jsonl"
     assert export_episodes(((demonstrator_dialogue(d, s), tools) for d, s in zip(demos, scripts)), path) == len(demos)
-    back = data_examples(path, policy.chat, policy.encode, episode_limits(cfg), build_env(cfg))
+    back = data_examples(path, policy.chat, policy.encode, episode_limits(cfg.rollout), build_env(cfg.env))
     assert [t.token_ids for t in back] == [d.token_ids for d in demos]
     assert [t.loss_mask for t in back] == [d.loss_mask for d in demos]
     assert [t.turn_spans for t in back] == [d.turn_spans for d in demos]
@@ -67,7 +68,7 @@ def test_sft_keeps_the_examples_whose_prompt_fits_and_says_how_many(calc, capsys
 
 def test_rl_draws_only_tasks_whose_prompt_fits_in_place_of_the_others(calc):
     cfg, policy, _, _ = calc
-    env = build_env(cfg)
+    env = build_env(cfg.env)
     length = lambda task: len(prompt_ids(env, policy.chat, policy.encode, task))  # noqa: E731
     drawn = env.tasks("train", 64, seed=5)
     most = sorted(map(length, drawn))[32]
@@ -86,8 +87,8 @@ def test_tool_results_are_masked_and_assistant_turns_trained(calc, tmp_path):
     cfg, policy, demos, _ = calc
     called = next(d for d in demos if d.episode.count("tool_call") and not d.episode.truncated)
     path = tmp_path / "one.jsonl"
-    path.write_text(json.dumps(chat_record(called.episode.messages, build_env(cfg).tools.specs())) + "\n")
-    (example,) = data_examples(path, policy.chat, policy.encode, episode_limits(cfg), build_env(cfg))
+    path.write_text(json.dumps(chat_record(called.episode.messages, build_env(cfg.env).tools.specs())) + "\n")
+    (example,) = data_examples(path, policy.chat, policy.encode, episode_limits(cfg.rollout), build_env(cfg.env))
     runs = [  # the text of each stretch of trained tokens
         policy.decode([i for i, _ in stretch])
         for sampled, stretch in itertools.groupby(zip(example.token_ids, example.loss_mask), key=lambda pair: pair[1])
@@ -158,11 +159,11 @@ def _examples(tmp_path, records: list[dict], env=None):
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     encode, _ = char_codec()
-    return data_examples(path, make_template(compact=True), encode, Limits(max_tokens=4000, max_turn_tokens=400), env or CalcEnv())
+    return data_examples(path, make_template(compact=True), encode, EpisodeLimits(max_tokens=4000, max_turn_tokens=400), env or CalcEnv())
 
 
 def _calc_tools() -> list[dict]:
-    return [spec.to_openai() for spec in build_env(load_config(ROOT / "src/toolpolicy/configs/demo.yaml")).tools.specs()]
+    return [spec.to_openai() for spec in build_env(load_config(ROOT / "src/toolpolicy/configs/demo.yaml").env).tools.specs()]
 
 
 def test_a_call_to_a_tool_the_record_does_not_offer_stops_the_run_naming_file_line_and_field(tmp_path):
@@ -228,7 +229,7 @@ def test_missing_empty_and_unknown_files_are_errors(tmp_path):
 def test_a_local_datasets_folder_and_parquet_file_read_as_the_jsonl(calc, tmp_path):
     datasets = pytest.importorskip("datasets")
     cfg, policy, demos, scripts = calc
-    tools = build_env(cfg).tools.specs()
+    tools = build_env(cfg.env).tools.specs()
     records = [chat_record(demonstrator_dialogue(d, s), tools) for d, s in list(zip(demos, scripts))[:40]]
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -236,11 +237,11 @@ def test_a_local_datasets_folder_and_parquet_file_read_as_the_jsonl(calc, tmp_pa
     table.save_to_disk(str(tmp_path / "folder"))
     datasets.DatasetDict({"train": table}).save_to_disk(str(tmp_path / "splits"))
     table.to_parquet(str(tmp_path / "d.parquet"))
-    env = build_env(cfg)
-    expected = [t.token_ids for t in data_examples(jsonl, policy.chat, policy.encode, episode_limits(cfg), env)]
+    env = build_env(cfg.env)
+    expected = [t.token_ids for t in data_examples(jsonl, policy.chat, policy.encode, episode_limits(cfg.rollout), env)]
     assert expected == [d.token_ids for d in demos[:40]]
     for source in ("folder", "splits", "d.parquet"):
-        read = data_examples(tmp_path / source, policy.chat, policy.encode, episode_limits(cfg), env)
+        read = data_examples(tmp_path / source, policy.chat, policy.encode, episode_limits(cfg.rollout), env)
         assert [t.token_ids for t in read] == expected, source
     broken = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}]}] * 2)
     broken.save_to_disk(str(tmp_path / "broken"))
@@ -252,9 +253,9 @@ def test_a_conversation_longer_than_the_budget_is_cut_where_a_rollout_would_be(c
     cfg, policy, _, _ = calc
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps(GOOD) + "\n")
-    env = build_env(cfg)
-    whole = data_examples(path, policy.chat, policy.encode, Limits(max_turns=4, max_tokens=500, max_turn_tokens=100), env)[0]
-    one_turn = data_examples(path, policy.chat, policy.encode, Limits(max_turns=1, max_tokens=500, max_turn_tokens=100), env)[0]
+    env = build_env(cfg.env)
+    whole = data_examples(path, policy.chat, policy.encode, EpisodeLimits(max_turns=4, max_tokens=500, max_turn_tokens=100), env)[0]
+    one_turn = data_examples(path, policy.chat, policy.encode, EpisodeLimits(max_turns=1, max_tokens=500, max_turn_tokens=100), env)[0]
     assert len(whole.turn_spans) == 2 and not whole.episode.truncated
     assert len(one_turn.turn_spans) == 1 and one_turn.episode.truncated
     assert one_turn.token_ids == whole.token_ids[: len(one_turn.token_ids)]
@@ -267,10 +268,10 @@ def test_the_tutorial_environment_trains_and_evaluates_through_the_cli_alone(tmp
     run takes minutes; this one is cut to 80 SFT steps, 2 RL steps and 8 held-out episodes."""
     run = tmp_path / "adder"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "examples")]), "OMP_NUM_THREADS": "1"}
-    short = ["sft_steps=80", "rl_steps=2", "prompts_per_step=2", "group_size=2", "eval_tasks=4", "eval_samples=2"]
+    short = ["sft.steps=80", "rl.steps=2", "rl.prompts_per_step=2", "rl.group_size=2", "eval.tasks=4", "eval.samples=2"]
     done = subprocess.run(
         [sys.executable, "-m", "toolpolicy", "demo", "--config", "examples/adder/adder.yaml",
-         "--set", f"run_dir={run}", "--set", "threads=1", "--set", "cold_start=",
+         "--set", f"run.dir={run}", "--set", "run.threads=1", "--set", "sft.cold_start=",
          *(arg for kv in short for arg in ("--set", kv))],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )

@@ -8,7 +8,7 @@ import torch
 
 from toolpolicy.envs import CalcEnv
 from toolpolicy.model import PolicyModel
-from toolpolicy.rollout import HFBackend, Limits, RolloutEngine, Trajectory
+from toolpolicy.rollout import HFBackend, EpisodeLimits, RolloutEngine, Trajectory
 from toolpolicy.types import Episode, Task
 from toolpolicy.trainer.batch import (
     FULL_SEQUENCES, SHARED_PROMPTS, collate, distinct_prompt_tokens, micro_batches, update_order, update_positions,
@@ -21,7 +21,7 @@ def test_shared_prompts_give_the_full_sequences_log_probs_and_gradients() -> Non
     policy = PolicyModel.load(CALC_SFT)
     env = CalcEnv()
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0))
-    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_tokens=192, max_turn_tokens=64))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, EpisodeLimits(max_tokens=192, max_turn_tokens=64))
     tasks = env.tasks("train", 3, seed=1)
     trajectories = engine.run([task for task in tasks for _ in range(4)])
     assert any(len(t.turn_spans) > 1 for t in trajectories), "some episodes should call the calculator"
@@ -63,7 +63,7 @@ def test_logits_only_at_trained_positions_a_chunk_at_a_time_give_a_full_forwards
     assert logit_chunk(policy.model) == 7
     env = CalcEnv()
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(3))
-    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_tokens=192, max_turn_tokens=64))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, EpisodeLimits(max_tokens=192, max_turn_tokens=64))
     batch = collate(engine.run(env.tasks("train", 4, seed=2)), policy.pad_id)
     mask = batch.loss_mask.bool()
     assert int(mask.sum()) > 3 * 7 and not mask.all(), "several chunks, and untrained positions between them"
@@ -128,7 +128,7 @@ def test_sft_loss_in_token_bounded_micro_batches_is_the_same() -> None:
     policy = PolicyModel.load(CALC_SFT)
     env = CalcEnv()
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(4))
-    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, Limits(max_tokens=192, max_turn_tokens=64))
+    engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, EpisodeLimits(max_tokens=192, max_turn_tokens=64))
     examples = engine.run(env.tasks("train", 12, seed=3))
     model = policy.model.train()
     results = []

@@ -7,7 +7,7 @@ import time
 
 from toolpolicy.envs import CalcEnv
 from toolpolicy.model import char_codec, make_template
-from toolpolicy.rollout import Limits, RolloutEngine, ScriptedBackend
+from toolpolicy.rollout import EpisodeLimits, RolloutEngine, ScriptedBackend
 from toolpolicy.tools import ToolSet, tool
 from toolpolicy.types import Message, ToolCall
 
@@ -48,7 +48,7 @@ def run(workers: int) -> tuple[list[list[int]], list[list[str]], int]:
     env = SlowCalcEnv()
     scripts = {i: [CALL, CALL, ANSWER] for i in range(8)}
     backend = ScriptedBackend(scripts, TEMPLATE.render_assistant, encode)
-    limits = Limits(max_tokens=4000, max_turn_tokens=400)
+    limits = EpisodeLimits(max_tokens=4000, max_turn_tokens=400)
     engine = RolloutEngine(env, TEMPLATE, encode, decode, backend, limits, tool_workers=workers)
     trajectories = engine.run(env.tasks("train", 8, seed=3))
     events = [[f"{e.kind}:{e.turn}" for e in t.episode.events] for t in trajectories]

@@ -31,10 +31,10 @@ def tracked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     run_dir, trackio_dir = root / "run", root / "trackio"
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "TRACKIO_DIR": str(trackio_dir),
            "OMP_NUM_THREADS": "1"}
-    common = ["--set", f"run_dir={run_dir}", "--set", "report_to=[tensorboard, wandb, trackio]",
-              "--set", f"tracker_project={PROJECT}", "--set", "threads=1"]
-    toolpolicy("sft", str(SMOKE), *common, "--set", "sft_steps=3", env=env)
-    toolpolicy("train", str(SMOKE), *common, "--set", f"init_from={run_dir / 'sft' / 'final'}", "--set", "rl_steps=2", env=env)
+    common = ["--set", f"run.dir={run_dir}", "--set", "run.report_to=[tensorboard, wandb, trackio]",
+              "--set", f"run.tracker_project={PROJECT}", "--set", "run.threads=1"]
+    toolpolicy("sft", str(SMOKE), *common, "--set", "sft.steps=3", env=env)
+    toolpolicy("train", str(SMOKE), *common, "--set", f"rl.init_from={run_dir / 'sft' / 'final'}", "--set", "rl.steps=2", env=env)
     return run_dir, trackio_dir
 
 
@@ -101,7 +101,7 @@ def test_wandb_offline_run_reads_back_equal_to_metrics_jsonl(tracked_run: tuple[
     expected = logged(run_dir)
     assert set(found) == set(expected)
     assert all(found[k] == pytest.approx(v) for k, v in expected.items())
-    assert config["seed"] == 0 and config["env"] == "calc" and config["report_to"] == json.dumps(["tensorboard", "wandb", "trackio"])
+    assert config["run.seed"] == 0 and config["env.name"] == "calc" and config["run.report_to"] == json.dumps(["tensorboard", "wandb", "trackio"])
 
 
 def test_trackio_run_reads_back_equal_to_metrics_jsonl(tracked_run: tuple[Path, Path]):
@@ -121,7 +121,7 @@ def test_trackio_run_reads_back_equal_to_metrics_jsonl(tracked_run: tuple[Path, 
     expected = logged(run_dir)
     assert set(found) == set(expected)
     assert all(found[k] == pytest.approx(v) for k, v in expected.items())
-    assert config["seed"] == 0 and config["env"] == "calc"
+    assert config["run.seed"] == 0 and config["env.name"] == "calc"
 
 
 def test_a_tracker_that_is_not_installed_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
@@ -129,5 +129,5 @@ def test_a_tracker_that_is_not_installed_is_a_config_error(monkeypatch: pytest.M
     from toolpolicy.trainer.trackers import open_trackers
 
     monkeypatch.setitem(sys.modules, "trackio", None)  # import trackio now raises ImportError
-    with pytest.raises(ConfigError, match="report_to: 'trackio' needs the trackio package"):
-        open_trackers(Config(report_to=["trackio"]), tmp_path, "rl", 0)
+    with pytest.raises(ConfigError, match="run.report_to: 'trackio' needs the trackio package"):
+        open_trackers(Config(run={"report_to": ["trackio"]}), tmp_path, "rl", 0)

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from toolpolicy.algorithms import PRESETS
 from toolpolicy.cli import main
-from toolpolicy.config import ConfigError, load_config
+from toolpolicy.build import load_config
+from toolpolicy.config import ConfigError
 from toolpolicy.envs import ENVS
 from toolpolicy.rewards import Rubric, Score
 from toolpolicy.rollout import Trajectory
@@ -25,18 +26,24 @@ SMOKE = Path(__file__).parent.parent / "src" / "toolpolicy" / "configs" / "smoke
 
 
 def test_a_preset_fills_the_knobs_the_config_leaves_unset() -> None:
-    cfg = load_config(SMOKE, ["algorithm=dr_grpo", "clip_high=0.3"])
-    assert cfg.advantage == "dr_grpo" and cfg.aggregation == "seq_mean_token_sum_norm"
-    assert cfg.clip_high == 0.3  # set explicitly: wins over the preset's 0.2
-    assert load_config(SMOKE, ["algorithm=otc"]).rewards["otc_reward"] == 1.0
-    with pytest.raises(ConfigError, match="field 'algorithm': unknown algorithm preset 'ppo'"):
-        load_config(SMOKE, ["algorithm=ppo"])
-    with pytest.raises(ConfigError, match="dual_clip"):
-        load_config(SMOKE, ["dual_clip=0.5"])
-    with pytest.raises(ConfigError, match="field 'env': 'adder': no environment of that name"):
+    cfg = load_config(SMOKE, ["algorithm.preset=dr_grpo", "algorithm.clip_high=0.3"])
+    assert cfg.algorithm.advantage == "dr_grpo" and cfg.algorithm.aggregation == "seq_mean_token_sum_norm"
+    assert cfg.algorithm.clip_high == 0.3  # set explicitly: wins over the preset's 0.2
+    assert cfg.algorithm.loss_norm_length == cfg.rollout.max_tokens  # its own field, written in from the episode budget
+    assert load_config(SMOKE, ["algorithm.preset=otc"]).rewards.weights["otc_reward"] == 1.0
+    assert load_config(SMOKE, ["algorithm.preset=dapo"]).rewards.overlong_penalty == 1.0  # the preset's rewards fields too
+    assert load_config(SMOKE, ["algorithm.preset=dapo", "rewards.overlong_penalty=0.5"]).rewards.overlong_penalty == 0.5
+    with pytest.raises(ConfigError, match="field 'algorithm.preset': unknown algorithm preset 'ppo'"):
+        load_config(SMOKE, ["algorithm.preset=ppo"])
+    with pytest.raises(ConfigError, match="algorithm.dual_clip"):
+        load_config(SMOKE, ["algorithm.dual_clip=0.5"])
+    with pytest.raises(ConfigError, match="field 'env.name': 'adder': no environment of that name"):
         load_config(SMOKE, ["env=adder"])
-    with pytest.raises(ConfigError, match="field 'turn_rewards'.*'tool_cal'"):
-        load_config(SMOKE, ["turn_rewards={tool_cal: 0.1}"])
+    with pytest.raises(ConfigError, match="field 'algorithm.turn_rewards'.*'tool_cal'"):
+        load_config(SMOKE, ["algorithm.turn_rewards={tool_cal: 0.1}"])
+    with pytest.raises(ConfigError, match="algorithm.credit: turn .* algorithm.advantage 'rloo' would be ignored"):
+        load_config(SMOKE, ["algorithm.preset=gtpo", "algorithm.advantage=rloo"])
+    assert load_config(SMOKE, ["algorithm.preset=gtpo"]).algorithm.credit == "turn"
 
 
 CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"  # right on about 65% of tasks
@@ -45,15 +52,15 @@ CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"  # r
 @pytest.mark.parametrize("algorithm", sorted(PRESETS))
 def test_every_preset_takes_gradient_steps(algorithm: str, tmp_path: Path) -> None:
     start = CALC_SFT  # a cold start whose groups vary, so every estimator has something to learn from
-    args = ["train", str(SMOKE), "--set", f"init_from={start}", "--set", f"algorithm={algorithm}",
-            "--set", "rl_steps=2", "--set", f"run_dir={tmp_path}", "--set", "checkpoint_every=2"]
+    args = ["train", str(SMOKE), "--set", f"rl.init_from={start}", "--set", f"algorithm.preset={algorithm}",
+            "--set", "rl.steps=2", "--set", f"run.dir={tmp_path}", "--set", "run.checkpoint_every=2"]
     assert main(args) == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     cfg = load_config(tmp_path / "config.yaml")
-    assert cfg.algorithm == algorithm  # the resolved config records it
+    assert cfg.algorithm.preset == algorithm  # the resolved config records it
     for r in rows:
-        assert r["refill_rounds"] <= cfg.max_refill_rounds
+        assert r["refill_rounds"] <= cfg.algorithm.max_refill_rounds
         assert r["signal_groups"] <= r["kept_groups"]
         if r["signal_groups"]:  # a kept group with a signal trains: a finite loss, a nonzero gradient
             assert r["trained_episodes"] > 0 and r["grad_norm"] > 0 and abs(r["loss"]) < 1e3
@@ -69,8 +76,8 @@ def test_several_optimizer_steps_per_batch_move_the_ratio_and_the_clip_acts(algo
     """mini_batches 2 x update_passes 2: four optimizer steps a batch, of which the last three
     train a policy that has moved since it sampled, so the ratio leaves 1 and some tokens clip
     (GSPO's sequence clip, narrow as in its paper, clips whole sequences)."""
-    args = ["train", str(SMOKE), "--set", f"init_from={CALC_SFT}", "--set", f"algorithm={algorithm}", "--set", "rl_steps=2",
-            "--set", f"run_dir={tmp_path}", "--set", "mini_batches=2", "--set", "update_passes=2", "--set", "rl_lr=0.001"]
+    args = ["train", str(SMOKE), "--set", f"rl.init_from={CALC_SFT}", "--set", f"algorithm.preset={algorithm}", "--set", "rl.steps=2",
+            "--set", f"run.dir={tmp_path}", "--set", "algorithm.mini_batches=2", "--set", "algorithm.update_passes=2", "--set", "rl.lr=0.001"]
     assert main(args) == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if r["trained_episodes"]]
@@ -88,8 +95,8 @@ def _trajectory(turn_spans: list[tuple[int, int]], events: list[Event], length: 
 
 
 def test_turn_credit_lands_on_each_turns_tokens_and_filters_apply() -> None:
-    cfg = load_config(SMOKE, ["algorithm=gtpo", "group_size=2", "turn_gamma=1.0", "mask_truncated=true"])
-    _, credit, filters = algorithm_of(cfg)
+    cfg = load_config(SMOKE, ["algorithm.preset=gtpo", "rl.group_size=2", "algorithm.turn_gamma=1.0", "algorithm.mask_truncated=true"])
+    _, credit, filters = algorithm_of(cfg.algorithm)
     calls = [Event("tool_call", 0, "calculator")]
     good = _trajectory([(3, 5), (7, 9)], calls, 10)  # calls on turn 0, answers on turn 1
     void = _trajectory([(3, 5), (7, 9)], [], 10, truncated=True)  # turn 0 did nothing, then cut off
@@ -115,8 +122,8 @@ def test_turn_credit_lands_on_each_turns_tokens_and_filters_apply() -> None:
 
 def test_gdpo_as_the_trainer_computes_it_by_hand() -> None:
     """The trainer's path: Rubric scores -> reward matrix (infra-filled) -> GDPO's credit."""
-    cfg = load_config(SMOKE, ["algorithm=gdpo", "group_size=2"])
-    _, credit, _ = algorithm_of(cfg)
+    cfg = load_config(SMOKE, ["algorithm.preset=gdpo", "rl.group_size=2"])
+    _, credit, _ = algorithm_of(cfg.algorithm)
     rubric = Rubric.from_weights({"correct_answer": 1.0, "excess_tool_calls": -0.5, "tool_call_count": 0.0})
     # Group 0: A right with 2 needless calls (total 0), B wrong with none (total 0): GRPO sees a tie.
     # Group 1: C right, D right with 1 needless call (totals 1, 0.5). Group 2: E right, F an
@@ -140,29 +147,29 @@ def test_gdpo_as_the_trainer_computes_it_by_hand() -> None:
 
 
 def test_the_overlong_penalty_is_a_rubric_term() -> None:
-    cfg = load_config(SMOKE, ["algorithm=dapo", "max_tokens=20", "overlong_buffer=0.2"])
-    rubric = build_rubric(cfg, {"correct_answer": 1.0})
+    cfg = load_config(SMOKE, ["algorithm.preset=dapo", "rollout.max_tokens=20", "rewards.overlong_buffer=0.2"])
+    rubric = build_rubric(cfg.rewards, {"correct_answer": 1.0})
     assert [(t.name, t.weight) for t in rubric.terms] == [("correct_answer", 1.0), ("overlong", 1.0)]
     # L_max 20, buffer int(0.2 * 20) = 4: 18 response tokens -> (16 - 18) / 4 = -0.5; right answer 1.
     episode = Episode(Task("t", "q", "4"), [Message("assistant", "Answer: 4")], response_tokens=18)
     score = rubric.score(episode)
     assert score.components == {"correct_answer": 1.0, "overlong": -0.5} and score.total == 0.5
-    assert [t.name for t in build_rubric(load_config(SMOKE, ["algorithm=grpo"]), {"correct_answer": 1.0}).terms] == ["correct_answer"]
-    longer = build_rubric(load_config(SMOKE, ["algorithm=dapo", "max_tokens=20", "overlong_length=40"]), {})
+    assert [t.name for t in build_rubric(load_config(SMOKE, ["algorithm.preset=grpo"]).rewards, {"correct_answer": 1.0}).terms] == ["correct_answer"]
+    longer = build_rubric(load_config(SMOKE, ["algorithm.preset=dapo", "rollout.max_tokens=20", "rewards.overlong_length=40"]).rewards, {})
     assert longer.score(episode).components["overlong"] == 0.0  # L_max 40, buffer 8: 18 is far below 32
 
 
 def test_ablate_runs_presets_and_seeds_and_writes_the_table(smoke_run: Path, tmp_path: Path, capsys) -> None:
-    args = ["ablate", str(SMOKE), "--set", f"init_from={smoke_run / 'sft' / 'final'}", "--set", "rl_steps=2",
-            "--set", f"run_dir={tmp_path}", "--presets", "grpo,dr_grpo", "--seeds", "0,1", "--jobs", "2"]
+    args = ["ablate", str(SMOKE), "--set", f"rl.init_from={smoke_run / 'sft' / 'final'}", "--set", "rl.steps=2",
+            "--set", f"run.dir={tmp_path}", "--presets", "grpo,dr_grpo", "--seeds", "0,1", "--jobs", "2"]
     assert main(args) == 0
     results = json.loads((tmp_path / "ablation.json").read_text())
     assert [(r["preset"], r["seed"]) for r in results] == [("grpo", 0), ("grpo", 1), ("dr_grpo", 0), ("dr_grpo", 1)]
     assert all(len(r["reward_curve"]) == 2 and r["figures"]["accuracy"] is not None for r in results)
-    assert load_config(tmp_path / "dr_grpo-s1" / "config.yaml").aggregation == "seq_mean_token_sum_norm"
+    assert load_config(tmp_path / "dr_grpo-s1" / "config.yaml").algorithm.aggregation == "seq_mean_token_sum_norm"
     assert (tmp_path / "ablation.png").stat().st_size > 10_000
     assert "| grpo |" in capsys.readouterr().out
-    assert main(["ablate", str(SMOKE), "--set", f"run_dir={tmp_path}", "--presets", "grpo"]) == 2  # no init_from
+    assert main(["ablate", str(SMOKE), "--set", f"run.dir={tmp_path}", "--presets", "grpo"]) == 2  # no init_from
 
 
 def test_ablation_table_keeps_only_the_figures_some_run_reports() -> None:
@@ -183,4 +190,31 @@ def test_ablation_table_keeps_only_the_figures_some_run_reports() -> None:
 @pytest.mark.parametrize("path", sorted(SMOKE.parent.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path: Path) -> None:
     cfg = load_config(path)
-    assert cfg.env in ENVS
+    assert cfg.env.name in ENVS
+
+
+def test_at_one_step_gspo_is_grpo_without_kl_and_rloo_is_dr_grpo_scaled() -> None:
+    """At ratio 1 (one optimizer step per batch) GSPO's sequence-ratio gradient is the
+    per-sequence mean of the token gradients, which grpo's aggregation takes; RLOO's
+    leave-one-out advantage is G/(G-1) times Dr.GRPO's, with the same constant-length sum."""
+    group = 4
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(2 * group, 1, generator=g, dtype=torch.float64)  # [B, C]: two groups, one component
+    old = -torch.rand(2 * group, 6, generator=g, dtype=torch.float64) * 3  # [B, T]
+    lengths = torch.tensor([6, 4, 3, 1, 5, 6, 2, 4])
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).long()  # [B, T]
+
+    def gradient(preset: str, *overrides: str) -> torch.Tensor:  # [B, T]
+        cfg = load_config(None, [f"algorithm.preset={preset}", *overrides])
+        algorithm, _, _ = algorithm_of(cfg.algorithm)
+        advantages = algorithm.estimator.advantages(rewards, torch.ones(1, dtype=torch.float64), group)  # [B]
+        leaf = old.clone().requires_grad_(True)
+        loss, _ = algorithm.objective(leaf, old, advantages, mask, None, float(mask.sum()), float(len(lengths)))
+        loss.backward()
+        return leaf.grad
+
+    assert torch.allclose(gradient("gspo"), gradient("grpo", "algorithm.beta=0"), atol=1e-12)
+    assert torch.allclose(gradient("rloo"), group / (group - 1) * gradient("dr_grpo"), atol=1e-12)
+    # Not vacuous: the other presets' gradients differ.
+    assert not torch.allclose(gradient("grpo", "algorithm.beta=0"), gradient("dr_grpo"), atol=1e-6)
+    assert not torch.allclose(gradient("gspo"), gradient("dapo"), atol=1e-6)

@@ -251,9 +251,9 @@ class _RecordingSGD(torch.optim.SGD):
 
 
 MULTI_STEP_CASES = {
-    "dapo": (dict(loss_type="dapo", eps_high=0.28), ["algorithm=dapo"]),
-    "grpo": (dict(loss_type="grpo"), ["algorithm=grpo"]),
-    "gspo": (dict(loss_type="grpo", level="sequence", eps_low=3e-4, eps_high=4e-4), ["algorithm=gspo"]),
+    "dapo": (dict(loss_type="dapo", eps_high=0.28), ["algorithm.preset=dapo"]),
+    "grpo": (dict(loss_type="grpo"), ["algorithm.preset=grpo"]),
+    "gspo": (dict(loss_type="grpo", level="sequence", eps_low=3e-4, eps_high=4e-4), ["algorithm.preset=gspo"]),
 }
 
 
@@ -311,12 +311,12 @@ def test_several_steps_per_batch_equal_trl_num_iterations(case):
 
 
 def _learner(model, optimizer, correction, cfg_settings, mini_batches, passes):
-    from toolpolicy.config import load_config
+    from toolpolicy.build import load_config
     from toolpolicy.trainer.batch import Recompute
     from toolpolicy.trainer.distributed import World
     from toolpolicy.trainer.rl import Learner, UpdateSettings, algorithm_of
 
-    algorithm, _, _ = algorithm_of(load_config(None, cfg_settings))
+    algorithm, _, _ = algorithm_of(load_config(None, cfg_settings).algorithm)
     return Learner(
         model, None, [model.theta], optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), algorithm,
         correction, Recompute(model.logprobs, lambda batch: int(batch.attention.sum())), World(), 0,
@@ -343,7 +343,7 @@ def test_tis_over_several_steps_takes_pi_old_before_the_first_step():
     for name in ("none", "tis"):
         model = _ParameterLogprobs(old)
         optimizer = _RecordingSGD([model.theta], 10.0)
-        learner = _learner(model, optimizer, Correction.named(name, 2.0), ["algorithm=dapo"], mini_batches=2, passes=2)
+        learner = _learner(model, optimizer, Correction.named(name, 2.0), ["algorithm.preset=dapo"], mini_batches=2, passes=2)
         runs[name] = (train_on_batch(learner, trajectories, list(range(8)), advantages), optimizer.grads)
     (none, none_grads), (tis, tis_grads) = runs["none"], runs["tis"]
     for a, b in zip(none_grads, tis_grads, strict=True):

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from toolpolicy.build import build_backend, prepare_run_dir
-from toolpolicy.config import ConfigError, load_config
+from toolpolicy.build import load_config
+from toolpolicy.config import ConfigError
 from toolpolicy.envs import make_env
 from toolpolicy.model import PolicyModel
 from toolpolicy.rollout import GenRequest, Generation
@@ -207,16 +208,16 @@ def test_an_engine_without_lora_samples_from_a_lora_models_merged_weights(served
 
 
 @needs_vllm
-@pytest.mark.parametrize("backend", ["vllm", "endpoint", "vllm+lora"])
+@pytest.mark.parametrize("backend", ["vllm", "server", "vllm+lora"])
 def test_rl_runs_with_the_vllm_backends(backend: str, tmp_path: Path, request):
     """vllm+lora: a LoRA policy, whose adapter reaches the engine folded into whole weights
     (that the engine then samples from them: the test after this one)."""
-    where = [f"rollout_url={request.getfixturevalue('rollout_server')}"] if backend == "endpoint" else ["vllm_kv_cache_gib=0.25"]
+    where = [f"backend.url={request.getfixturevalue('rollout_server')}"] if backend == "server" else ["backend.kv_cache_gib=0.25"]
     if backend == "vllm+lora":
-        backend, where = "vllm", [*where, "lora_rank=8", "vllm_lora_sync=merged"]
+        backend, where = "vllm", [*where, "model.lora_rank=8", "backend.lora_sync=merged"]
     settings = [
-        f"init_from={CALC_SFT}", f"backend={backend}", *where, "threads=1", "rl_steps=2", "prompts_per_step=2",
-        "group_size=2", "dynamic_sampling=false", "max_tokens=96", "log_kl=false", "checkpoint_every=2", f"run_dir={tmp_path / 'run'}",
+        f"rl.init_from={CALC_SFT}", f"backend={backend}", *where, "run.threads=1", "rl.steps=2", "rl.prompts_per_step=2",
+        "rl.group_size=2", "algorithm.dynamic_sampling=false", "rollout.max_tokens=96", "algorithm.log_kl=false", "run.checkpoint_every=2", f"run.dir={tmp_path / 'run'}",
     ]
     cfg = load_config(SMOKE, settings)
     from toolpolicy.trainer.rl import train_rl
@@ -224,7 +225,7 @@ def test_rl_runs_with_the_vllm_backends(backend: str, tmp_path: Path, request):
     final = train_rl(cfg, prepare_run_dir(cfg))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["phase"] == "rl"] == [1, 2]
-    assert (final / ("adapter_config.json" if "lora_rank=8" in where else "config.json")).is_file()
+    assert (final / ("adapter_config.json" if "model.lora_rank=8" in where else "config.json")).is_file()
     # Each step sampled from the weights it updates (the trainer syncs them after each step): the
     # trainer's recomputed log-probabilities are vLLM's (its sampler/trainer gap, else the PPO ratio's).
     gaps = [r.get("mismatch/abs_max", abs(r["ratio_max"] - 1)) for r in rows]
@@ -233,24 +234,30 @@ def test_rl_runs_with_the_vllm_backends(backend: str, tmp_path: Path, request):
 
 
 def test_vllm_settings_are_checked_when_the_config_loads():
-    with pytest.raises(ConfigError, match="vllm_block_size"):
-        load_config(None, ["vllm_block_size=48"])
-    with pytest.raises(ConfigError, match="backend"):
+    with pytest.raises(ConfigError, match=r"field 'backend.block_size': block_size 48 is not a multiple of 32"):
+        load_config(None, ["backend=vllm", "backend.block_size=48"])
+    with pytest.raises(ConfigError, match=r"field 'backend.name': unknown backend 'sglang'; one of hf, vllm or server"):
         load_config(None, ["backend=sglang"])
-    assert load_config(None, ["backend=vllm", "vllm_block_size=64"]).vllm_block_size == 64
-    with pytest.raises(ConfigError, match="rollout_url"):
-        load_config(None, ["backend=endpoint"])
-    with pytest.raises(ConfigError, match="vllm_lora_sync"):
-        load_config(None, ["backend=vllm", "vllm_lora_sync=delta"])
+    assert load_config(None, ["backend=vllm", "backend.block_size=64"]).backend.block_size == 64
+    with pytest.raises(ConfigError, match="field 'backend.url' is empty"):
+        load_config(None, ["backend=server"])
+    with pytest.raises(ConfigError, match="backend.lora_sync"):
+        load_config(None, ["backend=vllm", "backend.lora_sync=delta"])
+    # Each backend takes only its own fields: a vLLM field on hf is an unknown field that says where it belongs.
+    with pytest.raises(ConfigError, match=r"field 'backend.block_size': unknown field; a field of backend vllm"):
+        load_config(None, ["backend.block_size=64"])
+    # A seed per request, which vLLM would not use, is refused when the config loads ...
+    with pytest.raises(ConfigError, match="rl.sampling_streams: episode needs a backend that takes a seed per request"):
+        load_config(None, ["backend=vllm", "rl.sampling_streams=episode"])
 
 
 def test_a_rollout_server_that_does_not_answer_is_a_one_line_error_naming_the_field():
     port = free_port()  # nothing listens there
-    cfg = load_config(None, ["backend=endpoint", f"rollout_url=http://127.0.0.1:{port}"])
+    cfg = load_config(None, ["backend=server", f"backend.url=http://127.0.0.1:{port}"])
     with pytest.raises(ConfigError) as error:
-        build_backend(cfg, PolicyModel.load(CALC_SFT), torch.Generator().manual_seed(0), 1.0)
+        build_backend(cfg.backend, cfg.model, cfg.run.threads, PolicyModel.load(CALC_SFT), torch.Generator().manual_seed(0), 1.0)
     message = str(error.value)
-    assert "\n" not in message and "field 'rollout_url'" in message and f"127.0.0.1:{port}" in message
+    assert "\n" not in message and "field 'backend.url'" in message and f"127.0.0.1:{port}" in message
 
 
 def test_a_rollout_server_lost_mid_run_stops_the_command_with_one_line(monkeypatch, capsys, tmp_path: Path):
@@ -266,7 +273,7 @@ def test_a_rollout_server_lost_mid_run_stops_the_command_with_one_line(monkeypat
     monkeypatch.setattr(vllm_server.EndpointBackend, "sync", lambda self, model: None)
     monkeypatch.setattr(vllm_server.EndpointBackend, "generate", lost)
     monkeypatch.setattr(vllm_server.EndpointBackend, "close", lambda self: None)
-    settings = [f"init_from={CALC_SFT}", "backend=endpoint", "rollout_url=http://127.0.0.1:1", "rl_steps=1", f"run_dir={tmp_path / 'run'}"]
+    settings = [f"rl.init_from={CALC_SFT}", "backend=server", "backend.url=http://127.0.0.1:1", "rl.steps=1", f"run.dir={tmp_path / 'run'}"]
     assert main(["train", str(SMOKE), *[item for s in settings for item in ("--set", s)]]) == 2
     error = capsys.readouterr().err
     assert "Traceback" not in error
@@ -277,9 +284,9 @@ def test_without_vllm_the_backend_is_a_one_line_error_saying_how_to_install(monk
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
     cfg = load_config(None, ["backend=vllm"])
     with pytest.raises(ConfigError) as error:
-        build_backend(cfg, PolicyModel.load(CALC_SFT), torch.Generator().manual_seed(0), 1.0)
+        build_backend(cfg.backend, cfg.model, cfg.run.threads, PolicyModel.load(CALC_SFT), torch.Generator().manual_seed(0), 1.0)
     message = str(error.value)
-    assert "\n" not in message and "field 'backend'" in message and "make setup" in message
+    assert "\n" not in message and "field 'backend.name'" in message and "make setup" in message
 
 
 def installed(distribution: str) -> bool:
@@ -312,11 +319,21 @@ def test_bfcl_eval_samples_with_the_configs_backend_the_same_greedy_turns(tmp_pa
     results = {}
     for backend in ("hf", "vllm"):
         run = tmp_path / backend
-        args = ["eval", str(SMOKE), "--bfcl", str(sample), "--set", f"run_dir={run}", "--set", f"eval_checkpoint={CALC_SFT}",
-                "--set", f"backend={backend}", "--set", "eval_temperature=0", "--set", "max_turn_tokens=24",
-                "--set", "vllm_kv_cache_gib=0.25", "--set", "threads=1"]
+        args = ["eval", str(SMOKE), "--bfcl", str(sample), "--set", f"run.dir={run}", "--set", f"eval.checkpoint={CALC_SFT}",
+                "--set", f"backend={backend}", "--set", "eval.temperature=0", "--set", "rollout.max_turn_tokens=24",
+                "--set", "run.threads=1", *(["--set", "backend.kv_cache_gib=0.25"] if backend == "vllm" else [])]
         assert main(args) == 0
         results[backend] = [json.loads(line) for line in (run / "eval" / "bfcl_results.jsonl").read_text().splitlines()]
     assert len(results["hf"]) == 24
     assert [r["text"] for r in results["vllm"]] == [r["text"] for r in results["hf"]]
     assert [r["calls"] for r in results["vllm"]] == [r["calls"] for r in results["hf"]]
+
+
+def test_a_backend_without_request_seeds_refuses_a_seeded_request_instead_of_dropping_it():
+    from toolpolicy.rollout.backends import CAPABILITIES, unseeded
+
+    plain = [GenRequest(0, [1, 2], 4), GenRequest(1, [1, 2], 4)]
+    assert unseeded(plain, "vllm") is plain
+    with pytest.raises(ValueError, match="backend vllm takes no seed per request"):
+        unseeded([*plain, GenRequest(2, [1], 4, seed=7)], "vllm")
+    assert {name: c.request_seeds for name, c in CAPABILITIES.items()} == {"hf": True, "vllm": False, "server": False}

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-_API = ("Config", "ConfigError", "bfcl_v4", "evaluate", "format_summary", "load_config", "sft", "train")
+_API = ("Config", "ConfigError", "bfcl_v4", "evaluate", "format_summary", "load_config", "replaced", "sft", "train")
 """The Python API (toolpolicy.api), importable from here: `import toolpolicy as tp; tp.sft(cfg)`."""
 
 

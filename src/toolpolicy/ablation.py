@@ -32,7 +32,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from toolpolicy.config import Config, ConfigError, load_config
+from toolpolicy.build import load_config
+from toolpolicy.config import Config, ConfigError
 
 FIGURES = (
     ("accuracy", "accuracy", None),
@@ -52,19 +53,20 @@ PERCENT = {"accuracy", "accuracy easy", "accuracy hard", "pass^4", "invalid-call
 def run_ablation(path: str, overrides: list[str], presets: list[str], seeds: list[int], jobs: int) -> Path:
     """Train and evaluate every (preset, seed); write the table and plots; return the table's path.
 
-    Each run's config is the file with its overrides, plus `algorithm`, `seed`, `run_dir`
-    and `init_from` for that run: the preset sets every knob the file leaves unset (so an
-    ablation config should set none of them, unless all presets are to share it)."""
+    Each run's config is the file with its overrides, plus `algorithm.preset`, `run.seed`,
+    `run.dir` and `rl.init_from` for that run: the preset sets every field of `algorithm` (and
+    `rewards`) the file leaves unset (so an ablation config should set none of them, unless
+    all presets are to share it)."""
     cfg = load_config(path, overrides)
-    start = cfg.init_from or cfg.cold_start
+    start = cfg.rl.init_from or cfg.sft.cold_start
     if not start:
-        raise ConfigError("an ablation starts every run from one checkpoint: set init_from (or cold_start)")
+        raise ConfigError("an ablation starts every run from one checkpoint: set rl.init_from (or sft.cold_start)")
     from toolpolicy.algorithms import PRESETS  # here: importing algorithms loads torch
 
     unknown = [p for p in presets if p not in PRESETS]
     if unknown:
         raise ConfigError(f"unknown preset(s) {unknown}; valid: {sorted(PRESETS)}")
-    run_dir = Path(cfg.run_dir)
+    run_dir = Path(cfg.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     pairs = [(preset, seed) for preset in presets for seed in seeds]
@@ -102,7 +104,7 @@ def train_and_evaluate(
     from toolpolicy.trainer.rl import train_rl
     from toolpolicy.build import prepare_run_dir
 
-    own = [f"algorithm={preset}", f"seed={seed}", f"run_dir={folder}", f"init_from={start}", f"threads={threads}"]
+    own = [f"algorithm.preset={preset}", f"run.seed={seed}", f"run.dir={folder}", f"rl.init_from={start}", f"run.threads={threads}"]
     cfg = load_config(path, [*overrides, *own])
     run_dir = Path(folder)
     began = time.perf_counter()
@@ -136,8 +138,8 @@ def ablation_table(results: list[dict[str, Any]], presets: list[str], cfg: Confi
     seeds = sorted({r["seed"] for r in results})
     labels = [label for label, _, _ in FIGURES if any(r["figures"].get(label) is not None for r in results)]
     lines = [
-        f"Ablation on `{cfg.env}`: {cfg.rl_steps} RL steps x {cfg.prompts_per_step} tasks x {cfg.group_size} samples, "
-        f"seeds {seeds}, from `{cfg.init_from or cfg.cold_start}`; held-out {cfg.eval_tasks} tasks x {cfg.eval_samples} "
+        f"Ablation on `{cfg.env.name}`: {cfg.rl.steps} RL steps x {cfg.rl.prompts_per_step} tasks x {cfg.rl.group_size} samples, "
+        f"seeds {seeds}, from `{cfg.rl.init_from or cfg.sft.cold_start}`; held-out {cfg.eval.tasks} tasks x {cfg.eval.samples} "
         "samples. Each cell: mean over seeds (min..max).",
         "",
         "| preset | " + " | ".join(labels) + " | minutes | within noise of best |",

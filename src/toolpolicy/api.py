@@ -5,7 +5,7 @@ files, run folders and results:
 
     import toolpolicy as tp
 
-    cfg = tp.load_config("src/toolpolicy/configs/smoke.yaml", ["run_dir=runs/mine"])
+    cfg = tp.load_config("src/toolpolicy/configs/smoke.yaml", ["run.dir=runs/mine"])
     sft = tp.sft(cfg)                   # the SFT model: RUN_DIR/sft/final
     rl = tp.train(cfg, init_from=sft)   # the RL model: RUN_DIR/rl/final
     summary = tp.evaluate(cfg, rl)      # accuracy, pass^k, violations, by category ...
@@ -13,8 +13,9 @@ files, run folders and results:
 
 Each call writes the resolved config into the run folder first, as the command does, so
 the folder says what produced it. `load_config(path, overrides)` takes `--set`'s
-"field=value" strings; `cfg.model_copy(update={...})` changes a loaded config (its values
-are then not validated again: prefer overrides). Errors are the command line's:
+"section.field=value" strings; `replaced(cfg, {"section.field": value})` changes a loaded
+config (each changed section is validated again; the checks across sections run in
+`load_config`: prefer overrides). Errors are the command line's:
 `ConfigError` for a config, `CheckpointError` for a model folder.
 """
 
@@ -23,9 +24,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from toolpolicy.config import Config, ConfigError, load_config
+from toolpolicy.config import Config, ConfigError, replaced
 
-__all__ = ["Config", "ConfigError", "bfcl_v4", "evaluate", "format_summary", "load_config", "sft", "train"]
+__all__ = ["Config", "ConfigError", "bfcl_v4", "evaluate", "format_summary", "load_config", "replaced", "sft", "train"]
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """The config of the YAML file `path` (None: the defaults) with `--set` overrides
+    ("section.field=value"), typed and checked as every command checks it."""
+    from toolpolicy.build import load_config as checked_config
+
+    return checked_config(path, overrides)
 
 
 def sft(cfg: Config, resume: bool = False) -> Path:
@@ -40,21 +49,22 @@ def sft(cfg: Config, resume: bool = False) -> Path:
 def train(cfg: Config, init_from: str | Path | None = None, resume: bool = False) -> Path:
     """RL as `toolpolicy train CONFIG`, from `init_from` (else the config's): the final model's folder."""
     from toolpolicy.build import prepare_run_dir
-    from toolpolicy.trainer.rl import require_init_from, train_rl
+    from toolpolicy.checks import require_init_from
+    from toolpolicy.trainer.rl import train_rl
 
     if init_from is not None:
-        cfg = cfg.model_copy(update={"init_from": str(init_from)})
+        cfg = replaced(cfg, {"rl.init_from": str(init_from)})
     require_init_from(cfg)
     return train_rl(cfg, prepare_run_dir(cfg), resume=resume)
 
 
 def evaluate(cfg: Config, checkpoint: str | Path | None = None, name: str = "eval", gate: bool = True) -> dict[str, Any]:
     """Score a model on the environment's held-out tasks, as `toolpolicy eval CONFIG`:
-    `checkpoint`, else the config's eval_checkpoint, else the run folder's newest model (or
-    the served model at endpoint_url). Writes RUN_DIR/eval/NAME.json and returns its summary."""
+    `checkpoint`, else the config's eval.checkpoint, else the run folder's newest model (or
+    the served model at eval.served_url). Writes RUN_DIR/eval/NAME.json and returns its summary."""
     from toolpolicy.eval.run import evaluate as run_evaluation
 
-    run_dir = Path(cfg.run_dir)
+    run_dir = Path(cfg.run.dir)
     return run_evaluation(cfg, scored_model(cfg, checkpoint), name, run_dir, gate=gate)
 
 
@@ -65,7 +75,7 @@ def bfcl_v4(cfg: Config, checkpoint: str | Path | None = None, categories: str |
     from toolpolicy.eval.bfcl_v4 import bfcl_scores, load_v4, parse_categories
 
     entries = first_per_category(load_v4(parse_categories(categories)), limit)
-    return score_bfcl(cfg, scored_model(cfg, checkpoint), entries, Path(cfg.run_dir), name="bfcl_v4", groups=bfcl_scores)
+    return score_bfcl(cfg, scored_model(cfg, checkpoint), entries, Path(cfg.run.dir), name="bfcl_v4", groups=bfcl_scores)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -77,17 +87,17 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def scored_model(cfg: Config, checkpoint: str | Path | None = None) -> Path | None:
     """The model a scoring call runs (`toolpolicy eval` and this API): the one given, else none
-    when the config names a served model (endpoint_url), else the config's eval_checkpoint,
+    when the config names a served model (eval.served_url), else the config's eval.checkpoint,
     else the run folder's newest (rl/final, sft/final, model); FileNotFoundError when it has none."""
     if checkpoint is not None:
         return Path(checkpoint)
-    if cfg.endpoint_url:
+    if cfg.eval.served_url:
         return None
-    if cfg.eval_checkpoint:
-        return Path(cfg.eval_checkpoint)
+    if cfg.eval.checkpoint:
+        return Path(cfg.eval.checkpoint)
     from toolpolicy.model import run_model
 
-    found = run_model(cfg.run_dir)
+    found = run_model(cfg.run.dir)
     if found is None:
-        raise FileNotFoundError(f"{cfg.run_dir}: no model found (looked in rl/final, sft/final, model); set eval_checkpoint")
+        raise FileNotFoundError(f"{cfg.run.dir}: no model found (looked in rl/final, sft/final, model); set eval.checkpoint")
     return found

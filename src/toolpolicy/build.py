@@ -1,8 +1,9 @@
-"""What every command builds from a config: the run folder, the environment, its gate, the Rubric and the engine.
+"""What every command builds from a config: the checked config itself, the run folder, the
+environment, its gate, the Rubric, the policy and the engine.
 
-Each function takes the Config and returns one part, so the trainer, evaluation and
-the demo assemble the same parts the same way; the parts themselves (envs/, gate/,
-rollout/) know nothing of the Config.
+Each function takes the sections it needs and returns one part, so the trainer, evaluation
+and the demo assemble the same parts the same way; the parts themselves (envs/, gate/,
+rollout/) know nothing of the config.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ from pathlib import Path
 
 import torch
 
-from toolpolicy.config import Config, ConfigError, save_config
+from toolpolicy.checks import checked, env_options
+from toolpolicy.config import (
+    BackendSection, Config, ConfigError, EnvSection, GateSection, ModelSection, RewardsSection, RolloutSection, changed_fields, read_config,
+    save_config,
+)
 from toolpolicy.envs import Env, hotel, make_env, user_factory
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
@@ -20,168 +25,185 @@ from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, mer
 from toolpolicy.model.gguf import local_checkpoint
 from toolpolicy.model.placement import DTYPES, Placement, linear_weights_in, resolve_device, resolve_dtype
 from toolpolicy.rewards import Rubric, overlong
-from toolpolicy.rollout import Backend, HFBackend, Limits, RolloutEngine, allow_all_policy
+from toolpolicy.rollout import Backend, HFBackend, EpisodeLimits, RolloutEngine, allow_all_policy
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
 from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings, VLLMUnavailable, adapter_rank, checkpoint_of
 from toolpolicy.rollout.vllm_server import EndpointBackend, RolloutServerError
 
 
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """The config of the YAML file `path` (None: the defaults) with `--set` overrides, typed
+    (`read_config`) and checked (`toolpolicy.checks.checked`): what every command runs on."""
+    source = "defaults" if path is None else str(path)
+    if overrides:
+        source += " with --set " + " ".join(overrides)
+    return checked(read_config(path, overrides), source)
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] = (), override: bool = False) -> Config:
+    """The config of the run in `run_dir` (RUN_DIR/config.yaml, resolved when it started), for
+    --resume, with `--set` overrides on top. An override that changes a saved value is refused,
+    naming the field and both values, unless `override`: a resumed run goes on as it started
+    and its config.yaml stays the record of that."""
+    saved_file = Path(run_dir) / "config.yaml"
+    if not saved_file.is_file():
+        raise ConfigError(
+            f"{run_dir}: no config.yaml, so not a run folder to resume (--resume takes the run.dir "
+            "of an earlier `toolpolicy sft` or `toolpolicy train`)"
+        )
+    saved = load_config(saved_file, [f"run.dir={run_dir}"])
+    resumed = load_config(saved_file, [*overrides, f"run.dir={run_dir}"])
+    changed = changed_fields(saved, resumed)
+    if changed and not override:
+        raise ConfigError(
+            f"--set would change {saved_file}: {'; '.join(changed)}. A resumed run goes on with the config it "
+            "started with; add --override to change it anyway (config.yaml is rewritten)"
+        )
+    return resumed
+
+
 def prepare_run_dir(cfg: Config) -> Path:
     """Create the run folder, write the resolved config into it and set torch's threads."""
-    run_dir = Path(cfg.run_dir)
+    run_dir = Path(cfg.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
     return run_dir
 
 
-def episode_limits(cfg: Config) -> Limits:
-    return Limits(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens, max_turn_tokens=cfg.max_turn_tokens)
+def episode_limits(rollout: RolloutSection) -> EpisodeLimits:
+    return EpisodeLimits(max_turns=rollout.max_turns, max_tokens=rollout.max_tokens, max_turn_tokens=rollout.max_turn_tokens)
 
 
-def build_env(cfg: Config) -> Env:
-    """The environment `cfg.env`, with the user simulator `cfg.user` when one is named;
-    hotel's guest is played by the served model at `user_endpoint_url` when one is set,
-    else by the scripted user."""
-    if cfg.env == "hotel" and cfg.user_endpoint_url:
-        endpoint = Endpoint(
-            cfg.user_endpoint_url, cfg.user_endpoint_model, cfg.endpoint_api_key_env, temperature=cfg.user_temperature
-        )
+def build_env(env: EnvSection) -> Env:
+    """The environment `env.name` with its own options, given the user simulator the section
+    names: a served model at `env.user_url` playing the user from the task's scenario (hotel),
+    or `env.user`; else the environment's own."""
+    options = env_options(env)
+    if env.user_url:
+        endpoint = Endpoint(env.user_url, env.user_model, env.user_api_key_env, temperature=env.user_temperature)
         client = ChatClient(endpoint)
-        return hotel.HotelEnv(user=lambda task: EndpointUser(client, hotel.scenario_text(task)))
-    if cfg.env == "agentdojo":
-        return make_env(cfg.env, suite=cfg.suite, attack=cfg.attack)
-    if cfg.env == "bfcl":
-        chosen = {"categories": tuple(cfg.bfcl_categories)} if cfg.bfcl_categories else {}
-        return make_env(cfg.env, composed=cfg.bfcl_composed, **chosen)
-    if cfg.user:
-        return make_env(cfg.env, user=user_factory(cfg.user))
-    return make_env(cfg.env)
+        return make_env(env.name, user=lambda task: EndpointUser(client, hotel.scenario_text(task)), **options)
+    if env.user:
+        return make_env(env.name, user=user_factory(env.user), **options)
+    return make_env(env.name, **options)
 
 
-def policy_path(cfg: Config, env: Env) -> str:
-    """The policy file the gate enforces: `cfg.policy`, else the environment's own, else none ("")."""
-    return cfg.policy or str(getattr(env, "policy_file", ""))
+def policy_path(gate: GateSection, env: Env) -> str:
+    """The policy file the gate enforces: `gate.policy`, else the environment's own, else none ("")."""
+    return gate.policy or str(getattr(env, "policy_file", ""))
 
 
-def build_gate(cfg: Config, env: Env, enforce: bool = True, audit_file: str = "audit.jsonl") -> Gate | None:
-    """The gate of `cfg.policy`, or of the environment's own policy file (`env.policy_file`,
-    e.g. hotel's), or allow-all; logging to RUN_DIR/`audit_file` if `cfg.audit`. None when
+def build_gate(gate: GateSection, env: Env, run_dir: Path, enforce: bool = True, audit_file: str = "audit.jsonl") -> Gate | None:
+    """The gate of `gate.policy`, or of the environment's own policy file (`env.policy_file`,
+    e.g. hotel's), or allow-all; logging to RUN_DIR/`audit_file` if `gate.audit`. None when
     there is neither a policy nor an audit log, for the engine's own allow-all gate.
     enforce=False is shadow mode: violations are counted, not prevented."""
-    path = policy_path(cfg, env)
-    if not path and not cfg.audit:
+    path = policy_path(gate, env)
+    if not path and not gate.audit:
         return None
     policy = Policy.load(path) if path else allow_all_policy()
-    audit = AuditLog(Path(cfg.run_dir) / audit_file, durable=False) if cfg.audit else None
+    audit = AuditLog(run_dir / audit_file, durable=False) if gate.audit else None
     return Gate(policy, env.tools, audit=audit, enforce=enforce)
 
 
-def build_rubric(cfg: Config, default_rewards: dict[str, float]) -> Rubric:
+def build_rubric(rewards: RewardsSection, default_rewards: dict[str, float]) -> Rubric:
     """The config's reward weights (or the environment's `default_rewards`), plus DAPO's
-    overlong penalty as the term `overlong` when `overlong_penalty` is set: the one Rubric
-    that training optimises and evaluation reports."""
-    rubric = Rubric.from_weights(cfg.rewards or default_rewards)
-    if cfg.overlong_penalty == 0:
+    overlong penalty as the term `overlong` when `rewards.overlong_penalty` is set: the one
+    Rubric that training optimises and evaluation reports."""
+    rubric = Rubric.from_weights(rewards.weights or default_rewards)
+    if rewards.overlong_penalty == 0:
         return rubric
-    length = cfg.overlong_length or cfg.max_tokens
-    return rubric.with_term("overlong", overlong(length, int(cfg.overlong_buffer * length)), cfg.overlong_penalty)
+    length = rewards.overlong_length
+    assert length is not None, "checks.checked writes overlong_length"
+    return rubric.with_term("overlong", overlong(length, int(rewards.overlong_buffer * length)), rewards.overlong_penalty)
 
 
-def chat_choice(cfg: Config) -> ChatChoice:
-    """How the policy's chat format is read: the config's chat_* fields."""
-    return ChatChoice(cfg.chat_format, cfg.chat_template, cfg.chat_template_kwargs, cfg.chat_tools)
+def chat_choice(model: ModelSection) -> ChatChoice:
+    """How the policy's chat format is read: the model section's chat_* fields."""
+    return ChatChoice(model.chat_format, model.chat_template, model.chat_template_kwargs, model.chat_tools)
 
 
-def placement(cfg: Config) -> Placement:
-    """The config's device, precision (`dtype: auto` decided for that device) and checkpointing."""
-    return Placement(cfg.device, resolve_dtype(cfg.dtype, resolve_device(cfg.device)), cfg.gradient_checkpointing)
+def placement(model: ModelSection) -> Placement:
+    """The model section's device, precision (`dtype: auto` decided for that device) and checkpointing."""
+    return Placement(model.device, resolve_dtype(model.dtype, resolve_device(model.device)), model.gradient_checkpointing)
 
 
-def load_policy_model(cfg: Config, path: str | Path) -> PolicyModel:
+def load_policy_model(model: ModelSection, path: str | Path) -> PolicyModel:
     """The checkpoint at `path` in the chat format, on the device and in the precision the
-    config asks for (a device the machine lacks is DeviceUnavailable)."""
-    return PolicyModel.load(path, chat_choice(cfg), placement(cfg))
+    model section asks for (a device the machine lacks is DeviceUnavailable)."""
+    return PolicyModel.load(path, chat_choice(model), placement(model))
 
 
-def inference_policy(cfg: Config, path: str | Path) -> PolicyModel:
+def inference_policy(model: ModelSection, path: str | Path) -> PolicyModel:
     """The checkpoint at `path` for sampling only (evaluation): as `load_policy_model`, a LoRA
     adapter folded into its base (one product a projection instead of three; a vLLM engine
     then takes the folded weights), the linear weights stored in the compute dtype
     (`linear_weights_in`)."""
-    policy = load_policy_model(cfg, path)
+    policy = load_policy_model(model, path)
     policy.model = merged(policy.model)
     policy.model.requires_grad_(False)
-    linear_weights_in(policy.model, DTYPES[placement(cfg).dtype])
+    linear_weights_in(policy.model, DTYPES[placement(model).dtype])
     return policy
 
 
-def trainable_policy(cfg: Config, path: str | Path, phase_dir: Path, resuming: bool) -> PolicyModel:
+def trainable_policy(model: ModelSection, path: str | Path, phase_dir: Path, resuming: bool) -> PolicyModel:
     """The policy a training phase updates. Without LoRA: the checkpoint at `path`. With
     LoRA: a resumed adapter as saved; else a fresh adapter on `path`, where an adapter
     `path` (RL from LoRA SFT) is first merged into its base and saved as PHASE_DIR/base,
     the new adapter's base and its KL reference. The frozen base is kept in `dtype`."""
-    policy = load_policy_model(cfg, path)
-    if not cfg.lora_rank or resuming:
+    policy = load_policy_model(model, path)
+    if not model.lora_rank or resuming:
         return policy
     base = local_checkpoint(path)  # the adapter names a folder, never a GGUF file
     if is_adapter(path):
         base = phase_dir / "base"
         merged(policy.model).save_pretrained(base)
         policy.tokenizer.save_pretrained(base)
-        policy = load_policy_model(cfg, base)
-    settings = LoraSettings(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, tuple(cfg.lora_target_modules))
+        policy = load_policy_model(model, base)
+    settings = LoraSettings(model.lora_rank, model.lora_alpha, model.lora_dropout, tuple(model.lora_target_modules))
     policy.model = attach_lora(policy.model, settings, base)
-    store_frozen_in(policy.model, DTYPES[placement(cfg).dtype])
+    store_frozen_in(policy.model, DTYPES[placement(model).dtype])
     return policy
 
 
-def hf_backend(cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float) -> HFBackend:
-    """Sampling from the local model at `temperature`, with its stop and pad ids, its KV cache within `sampler_cache_gib`."""
-    return HFBackend(policy.model, policy.stop_ids, policy.pad_id, generator, temperature, cache_bytes=int(cfg.sampler_cache_gib * 2**30))
-
-
-def vllm_backend(cfg: Config, policy: PolicyModel, seed: int, temperature: float) -> VLLMBackend:
-    """A vLLM engine on the folder `policy` was loaded from (a LoRA policy: its base, given
-    the adapter folded in, or serving it with vllm_lora_sync: adapter), synced once to the policy's current weights, which may have moved since."""
-    settings = VLLMSettings(placement(cfg).dtype, cfg.vllm_kv_cache_gib, cfg.vllm_block_size, cfg.vllm_threads or cfg.threads or 1, seed, cfg.vllm_lora_sync)
+def build_backend(
+    backend: BackendSection, model: ModelSection, threads: int, policy: PolicyModel, generator: torch.Generator,
+    temperature: float,
+) -> Backend:
+    """The backend section's sampler at `temperature`: hf samples from `policy.model` itself
+    with `generator`, its KV cache within `cache_gib`; vllm from an engine of its own on the
+    folder `policy` was loaded from (a LoRA policy: its base, given the adapter folded in),
+    seeded with the generator's seed; server from a rollout server. vllm and server are synced
+    once to the policy's current weights, which may have moved since."""
+    if backend.name == "hf":
+        return HFBackend(policy.model, policy.stop_ids, policy.pad_id, generator, temperature, cache_bytes=int(backend.cache_gib * 2**30))
+    if backend.name == "vllm":
+        dtype = placement(model).dtype
+        settings = VLLMSettings(dtype, backend.kv_cache_gib, backend.block_size, backend.threads or threads or 1, generator.initial_seed(), backend.lora_sync)
+        try:
+            sampler: Backend = VLLMBackend(checkpoint_of(policy.model), policy.stop_ids, temperature, settings, adapter_rank(policy.model))
+        except VLLMUnavailable as error:
+            raise ConfigError(f"field 'backend.name': {error}") from None
+        sampler.sync(policy.model)
+        return sampler
     try:
-        backend = VLLMBackend(checkpoint_of(policy.model), policy.stop_ids, temperature, settings, adapter_rank(policy.model))
-    except VLLMUnavailable as error:
-        raise ConfigError(f"field 'backend': {error}") from None
-    backend.sync(policy.model)
-    return backend
-
-
-def endpoint_backend(cfg: Config, policy: PolicyModel, temperature: float) -> EndpointBackend:
-    """The rollout server at `cfg.rollout_url`, synced once to the policy's current weights."""
-    try:
-        backend = EndpointBackend(cfg.rollout_url, policy.stop_ids, temperature, os.environ.get(cfg.rollout_api_key_env))
-        backend.sync(policy.model)
+        sampler = EndpointBackend(backend.url, policy.stop_ids, temperature, os.environ.get(backend.api_key_env))
+        sampler.sync(policy.model)
     except RolloutServerError as error:
-        raise ConfigError(f"field 'rollout_url': {error}") from None
-    return backend
-
-
-def build_backend(cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float) -> Backend:
-    """The config's backend: hf samples from `policy.model` itself with `generator`; vllm from
-    an engine of its own, seeded with the generator's seed; endpoint from a rollout server."""
-    if cfg.backend == "vllm":
-        return vllm_backend(cfg, policy, generator.initial_seed(), temperature)
-    if cfg.backend == "endpoint":
-        return endpoint_backend(cfg, policy, temperature)
-    return hf_backend(cfg, policy, generator, temperature)
+        raise ConfigError(f"field 'backend.url': {error}") from None
+    return sampler
 
 
 def build_engine(
     cfg: Config, policy: PolicyModel, generator: torch.Generator, temperature: float, enforce: bool = True,
     audit_file: str = "audit.jsonl",
 ) -> RolloutEngine:
-    """The rollout engine of `cfg.env` sampling from `policy` at `temperature` (RL's
-    `temperature` or evaluation's `eval_temperature`), through the config's gate and backend
-    (its audit log RUN_DIR/`audit_file`: one per process)."""
-    env = build_env(cfg)
-    backend = build_backend(cfg, policy, generator, temperature)
-    gate = build_gate(cfg, env, enforce, audit_file)
-    return RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, episode_limits(cfg), gate, cfg.tool_workers)
+    """The rollout engine of the config's environment sampling from `policy` at `temperature`
+    (rl.temperature or eval.temperature), through the config's gate and backend (its audit log
+    RUN_DIR/`audit_file`: one per process)."""
+    env = build_env(cfg.env)
+    backend = build_backend(cfg.backend, cfg.model, cfg.run.threads, policy, generator, temperature)
+    gate = build_gate(cfg.gate, env, Path(cfg.run.dir), enforce, audit_file)
+    return RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, episode_limits(cfg.rollout), gate, cfg.rollout.tool_workers)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from toolpolicy import __version__
-from toolpolicy.config import Config, ConfigError, describe_fields, load_config, load_run_config
+from toolpolicy.config import Config, ConfigError, describe_fields, read_config
 
 
 def _with_config(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -15,7 +15,9 @@ def _with_config(parser: argparse.ArgumentParser, required: bool) -> None:
         "config", nargs=None if required else "?",
         help="YAML config file (see `toolpolicy config`)" + ("" if required else "; none: the defaults"),
     )
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override one config field",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,12 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="build the tiny model, SFT, RL and evaluate on `calc`; write a report")
     demo.add_argument("--config", default=None, help="YAML config (default: the shipped demo.yaml)")
-    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
+    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override one config field")
 
-    for name, text in (("sft", "SFT cold start on generated demonstrations or on sft_data"), ("train", "RL from `init_from`")):
+    for name, text in (("sft", "SFT cold start on generated demonstrations or on sft.data"), ("train", "RL from `rl.init_from`")):
         sub = commands.add_parser(
-            name, help=text, usage=f"toolpolicy {name} [CONFIG] [--set KEY=VALUE ...]\n"
-            f"       toolpolicy {name} --resume RUN_DIR [--set KEY=VALUE ... [--override]]",
+            name, help=text, usage=f"toolpolicy {name} [CONFIG] [--set SECTION.FIELD=VALUE ...]\n"
+            f"       toolpolicy {name} --resume RUN_DIR [--set SECTION.FIELD=VALUE ... [--override]]",
         )
         _with_config(sub, required=False)
         sub.add_argument(
@@ -45,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score a checkpoint or a served model on held-out tasks")
     _with_config(evaluate, required=True)
     evaluate.add_argument("--name", default="eval", help="name of the result files under RUN_DIR/eval/")
-    evaluate.add_argument("--trials", type=int, default=None, metavar="N", help="trials per task (pass^1..pass^N); sets eval_samples")
+    evaluate.add_argument("--trials", type=int, default=None, metavar="N", help="trials per task (pass^1..pass^N); sets eval.samples")
     evaluate.add_argument(
         "--gate", choices=("on", "off", "both"), default="on",
         help="enforce the config's policy (on), not (off), or run both and compare them side by side",
@@ -90,9 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     export_rollouts.add_argument("run_dir")
     export_rollouts.add_argument("--to", dest="out", required=True, metavar="FILE", help="the JSONL file to write (sft_data reads it)")
 
-    commands.add_parser("config", help="list every config field with its default and meaning")
+    config = commands.add_parser("config", help="list every config field with its default and meaning")
+    config.add_argument(
+        "--migrate", metavar="FILE",
+        help="print FILE, a flat config of toolpolicy before sections, in sections (its comments are not kept)",
+    )
+    config.add_argument("--write", action="store_true", help="with --migrate: rewrite FILE instead of printing it")
 
-    server = commands.add_parser("rollout-server", help="serve a checkpoint with vLLM for `backend: endpoint` rollouts")
+    server = commands.add_parser("rollout-server", help="serve a checkpoint with vLLM for `backend: server` rollouts")
     server.add_argument("checkpoint", help="a model folder of the policy's architecture (the trainer sends its weights)")
     server.add_argument("--host", default="127.0.0.1", help="address to bind; the weight routes are unauthenticated (default 127.0.0.1)")
     server.add_argument("--port", type=int, default=8000)
@@ -307,7 +314,7 @@ def _rollouts_show(args: argparse.Namespace) -> int:
         raise ConfigError(f"--episode {args.episode}: step {args.step} has episodes 0..{len(episodes) - 1}")
     episode = episodes[args.episode]
     config = run_dir / "config.yaml"
-    init_from = load_config(config, []).init_from if config.is_file() else ""
+    init_from = read_config(config, []).rl.init_from if config.is_file() else ""
     pieces = token_pieces(run_tokenizer_file(run_dir, init_from), episode.token_ids)
     console.print(show_episode(episode, pieces, episodes))
     return 0
@@ -327,16 +334,49 @@ def _rollout_server(args: argparse.Namespace) -> int:
         raise ConfigError(f"--block-size {args.block_size} is not a multiple of 32")
     settings = VLLMSettings(args.dtype, args.kv_cache_gib, args.block_size, args.threads, args.seed)
     argv, env = server_command(args.checkpoint, ServerOptions(args.host, args.port, settings))
-    print(f"rollout server for {args.checkpoint}: set `backend: endpoint` and `rollout_url: http://{args.host}:{args.port}`", flush=True)
+    print(f"rollout server for {args.checkpoint}: set `backend: {{name: server, url: http://{args.host}:{args.port}}}`", flush=True)
     try:
         return subprocess.call(argv, env={**os.environ, **env})
     except KeyboardInterrupt:
         return 130
 
 
+def _config(args: argparse.Namespace) -> int:
+    """`toolpolicy config`: the reference of every section and option, or a flat config migrated."""
+    import yaml
+
+    from toolpolicy.checks import describe_options
+    from toolpolicy.config import migrate
+
+    if args.migrate is None:
+        print(describe_fields())
+        print(describe_options())
+        return 0
+    path = Path(args.migrate)
+    try:
+        flat = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"{path}: cannot read it as YAML ({error})") from None
+    if not isinstance(flat, dict):
+        raise ConfigError(f"{path}: expected a mapping of field: value")
+    try:
+        sections = migrate(flat)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    text = yaml.safe_dump(sections, sort_keys=False)
+    if args.write:
+        path.write_text(text)
+        print(f"{path}: rewritten in sections")
+    else:
+        print(text, end="")
+    return 0
+
+
 def _resolve(args: argparse.Namespace) -> Config:
     """The config file with its --set overrides; with --resume, the run's own resolved config
     (see `load_run_config`: an override that changes it needs --override)."""
+    from toolpolicy.build import load_config, load_run_config
+
     resume = getattr(args, "resume", None)
     if not resume:
         if getattr(args, "override", False):
@@ -345,7 +385,7 @@ def _resolve(args: argparse.Namespace) -> Config:
     if args.config is not None:
         print(
             f"note: resuming with {Path(resume) / 'config.yaml'}, the config the run started with; {args.config} is "
-            "not read (change a field with --set FIELD=VALUE --override)", file=sys.stderr,
+            "not read (change a field with --set SECTION.FIELD=VALUE --override)", file=sys.stderr,
         )
     return load_run_config(resume, args.overrides, args.override)
 
@@ -353,7 +393,8 @@ def _resolve(args: argparse.Namespace) -> Config:
 def _train(args: argparse.Namespace) -> int:
     """`toolpolicy sft` or `toolpolicy train`; Ctrl-C ends it with one line: where it stopped, how to resume."""
     from toolpolicy.build import prepare_run_dir
-    from toolpolicy.trainer.rl import require_init_from, train_rl
+    from toolpolicy.checks import require_init_from
+    from toolpolicy.trainer.rl import train_rl
     from toolpolicy.trainer.sft import train_sft
 
     cfg = _resolve(args)
@@ -377,7 +418,7 @@ def _interrupted_line(command: str, cfg: Config, run_dir: Path) -> str:
     phase = "rl" if command == "train" or (command == "demo" and (run_dir / "rl").exists()) else "sft"
     trainer = "train" if phase == "rl" else "sft"
     done = MetricsLog(run_dir / "metrics.jsonl").last_step(phase)
-    total = cfg.rl_steps if phase == "rl" else cfg.sft_steps
+    total = cfg.rl.steps if phase == "rl" else cfg.sft.steps
     found = checkpoint_dirs(run_dir / phase)
     start = f"its checkpoint of step {checkpoint_step(found[-1])}" if found else "step 0 (no checkpoint yet)"
     return (
@@ -396,9 +437,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.trials is not None:
         if args.trials < 1:
             raise ConfigError(f"--trials must be at least 1, not {args.trials}")
-        args.overrides.append(f"eval_samples={args.trials}")
+        args.overrides.append(f"eval.samples={args.trials}")
     cfg = _resolve(args)
-    run_dir = Path(cfg.run_dir)
+    run_dir = Path(cfg.run.dir)
     checkpoint = scored_model(cfg)
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, not {args.limit}")
@@ -455,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_libraries()
     try:
         if args.command == "config":
-            print(describe_fields())
+            return _config(args)
         elif args.command == "audit":
             return _audit_keygen(args) if args.audit_command == "keygen" else _audit_verify(args)
         elif args.command == "gate" and args.gate_command == "serve":
@@ -478,11 +519,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "demo":
             from toolpolicy.demo import default_config_path, run_demo
 
+            from toolpolicy.build import load_config
+
             cfg = load_config(args.config or default_config_path(), args.overrides)
             try:
                 run_demo(cfg)
             except KeyboardInterrupt:
-                print(_interrupted_line("demo", cfg, Path(cfg.run_dir)), file=sys.stderr)
+                print(_interrupted_line("demo", cfg, Path(cfg.run.dir)), file=sys.stderr)
                 return 130
         elif args.command in ("sft", "train"):
             return _train(args)

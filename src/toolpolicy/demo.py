@@ -16,7 +16,7 @@ from pathlib import Path
 from toolpolicy.build import prepare_run_dir
 from toolpolicy.eval.run import evaluate
 from toolpolicy.report import format_comparison, write_report
-from toolpolicy.config import Config
+from toolpolicy.config import Config, replaced
 from toolpolicy.trainer.rl import train_rl
 from toolpolicy.trainer.sft import train_sft
 
@@ -27,8 +27,8 @@ def say(message: str) -> None:
 
 def sft_source(cfg: Config) -> str:
     """What the demo's SFT step trains which model on, as it announces it."""
-    model = "building the embedded model and " if cfg.model == "embedded" else f"{cfg.model}: "
-    data = f"the conversations of {cfg.sft_data}" if cfg.sft_data else f"the {cfg.env} demonstrator's episodes"
+    model = "building the embedded model and " if cfg.model.source == "embedded" else f"{cfg.model.source}: "
+    data = f"the conversations of {cfg.sft.data}" if cfg.sft.data else f"the {cfg.env.name} demonstrator's episodes"
     return f"{model}SFT cold start on {data}"
 
 
@@ -37,9 +37,9 @@ def run_demo(cfg: Config) -> dict:
     run_dir = prepare_run_dir(cfg)
     say(f"run folder: {run_dir}")
 
-    if cfg.cold_start:
-        say(f"1/5 cold start: the SFT checkpoint {cfg.cold_start} (run it yourself with cold_start='')")
-        sft_final = Path(cfg.cold_start)
+    if cfg.sft.cold_start:
+        say(f"1/5 cold start: the SFT checkpoint {cfg.sft.cold_start} (run it yourself with sft.cold_start='')")
+        sft_final = Path(cfg.sft.cold_start)
     else:
         say(f"1/5 {sft_source(cfg)}")
         sft_final = train_sft(cfg, run_dir)
@@ -48,7 +48,7 @@ def run_demo(cfg: Config) -> dict:
     before = evaluate(cfg, sft_final, "sft", run_dir)
 
     say("3/5 RL from the SFT checkpoint")
-    cfg = cfg.model_copy(update={"init_from": str(sft_final)})
+    cfg = replaced(cfg, {"rl.init_from": str(sft_final)})
     prepare_run_dir(cfg)  # the resolved config now names the RL starting point
     rl_final = train_rl(cfg, run_dir)
 

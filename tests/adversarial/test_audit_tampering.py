@@ -29,7 +29,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from toolpolicy.cli import main
-from toolpolicy.gate import AuditLog, Decision, generate_keypair, rewind
+from toolpolicy.gate import AuditLog, Decision, generate_keypair, rewind_audit_log
 from toolpolicy.gate.audit import HEAD_DOMAIN, load_private_key, record_hash
 from toolpolicy.gate.digest import ZERO_HASH
 from toolpolicy.types import ToolCall
@@ -403,14 +403,14 @@ def killed_before_the_head_then_reopened(log: Path, key: Ed25519PrivateKey | Non
 
 
 def resumed(log: Path, key: Ed25519PrivateKey | None) -> None:
-    rewind(log, EARLIER, signing_key=key)
+    rewind_audit_log(log, EARLIER, signing_key=key)
     with AuditLog(log, signing_key=key, durable=False) as writer:
         append(writer, 3)
 
 
 def resumed_twice_after_an_interrupted_rewind(log: Path, key: Ed25519PrivateKey | None) -> None:
     head = Path(f"{log}.head").read_bytes()
-    rewind(log, EARLIER, signing_key=key)
+    rewind_audit_log(log, EARLIER, signing_key=key)
     Path(f"{log}.head").write_bytes(head)  # killed between the log and its head
     resumed(log, key)
 
@@ -437,7 +437,7 @@ HONEST = {
     "killed-between-record-and-head": (killed_before_the_head, "one record behind"),
     "killed-between-record-and-head-then-reopened": (killed_before_the_head_then_reopened, None),
     "resumed-rewind-and-continue": (resumed, None),
-    "resumed-after-an-interrupted-rewind": (resumed_twice_after_an_interrupted_rewind, None),
+    "resumed-after-an-interrupted-rewind_audit_log": (resumed_twice_after_an_interrupted_rewind, None),
     "killed-while-creating": (killed_while_creating, None),
     "killed-while-creating-then-reopened": (killed_while_creating_then_reopened, None),
 }

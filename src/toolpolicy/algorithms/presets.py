@@ -1,4 +1,5 @@
-"""Named algorithm presets: `algorithm: NAME` in the config sets these knobs; any knob set
+"""Named algorithm presets: `algorithm.preset: NAME` in the config sets these knobs of the
+`algorithm` section (and the overlong penalty and weights of `rewards`); any knob set
 explicitly in the config (or with --set) wins over the preset.
 
 Each preset is only config values, no code: the knobs name functions in the tables
@@ -20,7 +21,7 @@ budgets) changes. The knobs:
     overlong_penalty  weight of that penalty, the Rubric term `overlong` (0 = off)
     mask_truncated    leave truncated episodes out of the update (overlong filtering)
     void_turn_filter  drop trajectories with a void turn (SimpleTIR)
-    rewards           (otc only) the reward functions and weights
+    weights           (otc only; section rewards) the reward functions and weights
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ _GRPO_BASE: dict[str, Any] = {
     "kl_estimator": "k3",
     "dynamic_sampling": False,
     "max_refill_rounds": 0,
-    "overlong_buffer": 0.0,
-    "overlong_penalty": 0.0,
     "mask_truncated": False,
     "void_turn_filter": False,
 }
@@ -65,8 +64,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "aggregation": "token_mean",
         "dynamic_sampling": True,
         "max_refill_rounds": 3,
-        "overlong_buffer": 0.2,
-        "overlong_penalty": 1.0,
     },
     # GSPO (arXiv 2507.18071): sequence-level, length-normalised ratio clipped at
     # 3e-4 below / 4e-4 above, per-sequence aggregation, group-normalised advantage (paper);
@@ -95,20 +92,32 @@ PRESETS: dict[str, dict[str, Any]] = {
     # GTPO (Ding et al., arXiv 2511.14846): turn-level rewards, discounted returns per turn
     # normalised within the group, broadcast to each turn's tokens (paper). gamma 0.9 and
     # the SimpleTIR void-turn filter (arXiv 2509.02479) for multi-turn stability: ours.
-    "gtpo": {**_GRPO_BASE, "credit": "turn", "turn_gamma": 0.9, "void_turn_filter": True},
+    # credit=turn has its own estimator: the preset leaves `advantage` unset.
+    "gtpo": {**{k: v for k, v in _GRPO_BASE.items() if k != "advantage"}, "credit": "turn", "turn_gamma": 0.9, "void_turn_filter": True},
     # OTC-GRPO (Wang et al., arXiv 2504.14870): GRPO on the OTC reward, correctness scaled by
     # how close the call count is to the fewest needed (paper). Needs the rewards/ function
     # `otc_reward` (algorithms.tool_efficiency.otc_reward on the episode); tool counts stay metrics.
-    "otc": {**_GRPO_BASE, "rewards": {"otc_reward": 1.0, "correct_answer": 0.0, "tool_call_count": 0.0}},
+    "otc": {**_GRPO_BASE},
 }
 
+REWARDS: dict[str, dict[str, Any]] = {
+    name: {"overlong_buffer": 0.0, "overlong_penalty": 0.0} for name in PRESETS
+}
+"""Each preset's fields of the `rewards` section."""
+# DAPO's soft overlong punishment: L_cache / L_max = 4096 / 20480 = 0.2, factor 1.0 (paper).
+REWARDS["dapo"] = {"overlong_buffer": 0.2, "overlong_penalty": 1.0}
+REWARDS["otc"] = {**REWARDS["otc"], "weights": {"otc_reward": 1.0, "correct_answer": 0.0, "tool_call_count": 0.0}}
 
-def apply_preset(algorithm: str, explicit: Mapping[str, Any]) -> dict[str, Any]:
-    """The preset's knob values overlaid by the knobs set explicitly: {**PRESETS[algorithm], **explicit}.
+
+def apply_preset(name: str, sections: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The explicitly set fields of the `algorithm` and `rewards` sections over the preset's:
+    {"algorithm": {**PRESETS[name], **explicit}, "rewards": {**REWARDS[name], **explicit}}.
 
     ValueError names the valid presets.
     """
-    preset = PRESETS.get(algorithm)
-    if preset is None:
-        raise ValueError(f"unknown algorithm preset {algorithm!r}; valid names: {sorted(PRESETS)}")
-    return {**preset, **explicit}
+    if name not in PRESETS:
+        raise ValueError(f"unknown algorithm preset {name!r}; valid names: {sorted(PRESETS)}")
+    return {
+        "algorithm": {**PRESETS[name], **sections.get("algorithm", {})},
+        "rewards": {**REWARDS[name], **sections.get("rewards", {})},
+    }

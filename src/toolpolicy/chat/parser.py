@@ -1,6 +1,6 @@
 """Decode the tool calls in one generated assistant turn, never raising.
 
-A malformed call must not crash a run (DESIGN.md, contract 3): each problem becomes a
+A malformed call must not crash a run (docs/architecture.md, contract 3): each problem becomes a
 `CallError` whose `message` is written for the model to read as its observation, and
 whose `kind` rewards and metrics count.
 

@@ -109,7 +109,7 @@ def score_bfcl(
 
     `groups` turns the per-category rows into the benchmark's group scores (BFCL v4's), kept as "groups".
     """
-    turns = _endpoint_turns(cfg, entries) if cfg.endpoint_url else _local_turns(cfg, checkpoint, entries)
+    turns = _endpoint_turns(cfg, entries) if cfg.eval.served_url else _local_turns(cfg, checkpoint, entries)
     results = []
     for entry, (shown_calls, malformed, text) in zip(entries, turns):
         calls = entry.called(shown_calls)
@@ -128,7 +128,7 @@ def score_bfcl(
             }
         )
     summary = summarize_bfcl(results)
-    summary["model"] = cfg.endpoint_model if cfg.endpoint_url else str(checkpoint)
+    summary["model"] = cfg.eval.served_model if cfg.eval.served_url else str(checkpoint)
     if groups is not None:
         summary["groups"] = groups(summary["by_category"])
     folder = out_dir / "eval"
@@ -165,14 +165,15 @@ def format_bfcl(summary: dict[str, Any]) -> str:
 
 
 def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
-    endpoint = Endpoint(cfg.endpoint_url, cfg.endpoint_model, cfg.endpoint_api_key_env, cfg.eval_temperature, cfg.endpoint_max_tokens)
+    served = cfg.eval
+    endpoint = Endpoint(served.served_url, served.served_model, served.served_api_key_env, served.temperature, served.served_max_tokens)
     client = ChatClient(endpoint)
     out = []
     try:
         for entry in tqdm(entries, desc="bfcl", unit="entry"):
             wire = [{"role": m.role, "content": m.content} for m in entry.messages]
             reply = client.complete(wire, [spec.to_openai() for spec in entry.specs()])
-            parsed, _ = decode_reply(reply.message, 0, episode_limits(cfg).max_call_chars)
+            parsed, _ = decode_reply(reply.message, 0, episode_limits(cfg.rollout).max_call_chars)
             out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
     finally:
         client.close()
@@ -182,17 +183,17 @@ def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCa
 def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
     """The model's one turn on each entry, sampled by the config's backend: hf in batches
     that fit its cache, vllm (or a rollout server) in chunks it schedules itself. Greedy
-    (eval_temperature 0) gives the same turns on either but for float rounding; sampled,
-    only hf follows each entry's own seed."""
+    (eval.temperature 0) gives the same turns on either but for float rounding; sampled,
+    each entry draws from its own seed where the backend takes one (hf)."""
     if checkpoint is None:
-        raise ConfigError("no model to score: set eval_checkpoint or endpoint_url")
-    policy = inference_policy(cfg, checkpoint)
+        raise ConfigError("no model to score: set eval.checkpoint or eval.served_url")
+    policy = inference_policy(cfg.model, checkpoint)
     template = policy.chat
-    backend = build_backend(cfg, policy, torch.Generator().manual_seed(cfg.eval_seed), cfg.eval_temperature)
+    backend = build_backend(cfg.backend, cfg.model, cfg.run.threads, policy, torch.Generator().manual_seed(cfg.eval.seed), cfg.eval.temperature)
     requests = [
         GenRequest(
-            i, policy.encode(template.render_prompt(entry.messages, entry.specs())), cfg.max_turn_tokens,
-            entry_seed(cfg.eval_seed, entry.id),
+            i, policy.encode(template.render_prompt(entry.messages, entry.specs())), cfg.rollout.max_turn_tokens,
+            entry_seed(cfg.eval.seed, entry.id) if backend.capabilities.request_seeds else None,
         )
         for i, entry in enumerate(entries)
     ]
@@ -203,7 +204,7 @@ def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> 
             for chunk in chunks:
                 for generation in backend.generate([requests[i] for i in chunk]):
                     text = policy.decode(generation.ids)
-                    parsed = template.parse(text, episode_limits(cfg).max_call_chars)
+                    parsed = template.parse(text, episode_limits(cfg.rollout).max_call_chars)
                     out.append((list(parsed.tool_calls), len(parsed.errors), parsed.content))
                 backend.forget()  # one turn each: nothing is continued
                 bar.update(len(chunk))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from toolpolicy.chat.records import chat_record
-from toolpolicy.config import load_config
+from toolpolicy.build import load_config
 from toolpolicy.jsonl import read_objects
 from toolpolicy.types import Message, ToolSpec
 
@@ -66,7 +66,7 @@ def successful_stored_episodes(run_dir: Path) -> Iterable[tuple[list[Message], l
     steps = stored_steps(folder)
     if not steps:
         return
-    tools = build_env(load_config(run_dir / "config.yaml")).tools.specs()
+    tools = build_env(load_config(run_dir / "config.yaml").env).tools.specs()
     for step in steps:
         for stored in read_step(folder, step):
             if is_success(stored.success, stored.truncated, stored.infra_error, stored.events):
@@ -82,7 +82,7 @@ def successful_eval_episodes(run_dir: Path) -> Iterable[tuple[list[Message], lis
         config = samples.with_name(samples.name.removesuffix("_samples.jsonl") + ".config.yaml")
         if not config.is_file():
             raise ExportError(f"{samples}: its evaluation's config {config.name} is missing, so its tools are unknown")
-        tools = build_env(load_config(config)).tools.specs()
+        tools = build_env(load_config(config).env).tools.specs()
         for _, sample in read_objects(samples, ExportError):
             if is_success(sample.get("correct"), sample.get("truncated"), sample.get("infra_error"), sample.get("events")):
                 yield [Message.from_dict(m) for m in sample.get("messages") or []], tools

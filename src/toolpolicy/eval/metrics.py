@@ -1,7 +1,7 @@
 """Evaluation metrics over repeated trials: pass@k, pass^k, accuracy and tool-use rates.
 
-Episodes marked infra_error are excluded from every metric and only counted (DESIGN
-contract 4: infrastructure failure is not model failure).
+Episodes marked infra_error are excluded from every metric and only counted
+(docs/architecture.md, contract 4: infrastructure failure is not model failure).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ WRONG_WRITE_EXAMPLES = 10
 
 
 @dataclass(frozen=True)
-class EpisodeRecord:
+class ScoredEpisode:
     """What evaluation keeps of one episode: enough for every metric, small enough to store."""
 
     task_id: str
@@ -44,9 +44,9 @@ class EpisodeRecord:
     """Those writes as "name(arguments)", when the environment lists them."""
 
     @staticmethod
-    def from_episode(ep: Episode, correct: bool, tokens: int) -> EpisodeRecord:
+    def from_episode(ep: Episode, correct: bool, tokens: int) -> ScoredEpisode:
         """Record an episode; `correct` comes from the rewards, `tokens` from the trajectory."""
-        return EpisodeRecord(
+        return ScoredEpisode(
             task_id=ep.task.id,
             difficulty=ep.task.difficulty,
             correct=correct,
@@ -106,7 +106,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return max(all_pass, 0.0)
 
 
-def _pass_metrics(records: list[EpisodeRecord]) -> dict[str, dict[str, Any]]:
+def _pass_metrics(records: list[ScoredEpisode]) -> dict[str, dict[str, Any]]:
     """pass@k and pass^k for k = 1 .. MAX_PASS_K, each the mean over the tasks with at least
     k trials, and how many tasks that is ({str(k): tasks} under "pass_k_tasks").
 
@@ -130,7 +130,7 @@ def _pass_metrics(records: list[EpisodeRecord]) -> dict[str, dict[str, Any]]:
     return {"pass_at_k": at_k, "pass_hat_k": hat_k, "pass_k_tasks": tasks}
 
 
-def _rates(records: list[EpisodeRecord]) -> dict[str, Any]:
+def _rates(records: list[ScoredEpisode]) -> dict[str, Any]:
     """Per-episode means and the invalid-call rate, plus pass@k / pass^k; zeros when empty."""
     n = len(records)
     per_episode = max(1, n)
@@ -152,7 +152,7 @@ def _rates(records: list[EpisodeRecord]) -> dict[str, Any]:
     }
 
 
-def _rule_totals(records: list[EpisodeRecord]) -> dict[str, int]:
+def _rule_totals(records: list[ScoredEpisode]) -> dict[str, int]:
     totals: dict[str, int] = defaultdict(int)
     for record in records:
         for rule, count in record.denials_by_rule.items():
@@ -160,7 +160,7 @@ def _rule_totals(records: list[EpisodeRecord]) -> dict[str, int]:
     return totals
 
 
-def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
+def summarize(records: list[ScoredEpisode]) -> dict[str, Any]:
     """JSON-ready summary: overall rates, the same per difficulty and per category, and
     the infra-error count.
 
@@ -179,8 +179,8 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
     infra-failed trial drops out of the largest k only, and pass_k_tasks says so.
     """
     scored = [r for r in records if not r.infra_error]
-    by_difficulty: dict[str, list[EpisodeRecord]] = defaultdict(list)
-    by_category: dict[str, list[EpisodeRecord]] = defaultdict(list)
+    by_difficulty: dict[str, list[ScoredEpisode]] = defaultdict(list)
+    by_category: dict[str, list[ScoredEpisode]] = defaultdict(list)
     for record in scored:
         by_difficulty[record.difficulty].append(record)
         if record.category:

@@ -1,7 +1,7 @@
 """An evaluation run: held-out tasks, several samples each, metrics and sample episodes to files.
 
-    toolpolicy eval CONFIG [--trials N] [--gate on|off|both] [--set eval_checkpoint=PATH]
-    toolpolicy eval CONFIG --set endpoint_url=http://localhost:8000/v1 --set endpoint_model=NAME
+    toolpolicy eval CONFIG [--trials N] [--gate on|off|both] [--set eval.checkpoint=PATH]
+    toolpolicy eval CONFIG --set eval.served_url=http://localhost:8000/v1 --set eval.served_model=NAME
 
 Tasks come from the environment's "eval" split with `eval_seed`, never used in
 training. Sampling uses its own generator seeded from `eval_seed`, so the same
@@ -20,7 +20,7 @@ import torch
 
 from toolpolicy.build import build_engine, build_env, build_gate, build_rubric, episode_limits, inference_policy, policy_path
 from toolpolicy.envs import Env
-from toolpolicy.eval.metrics import EpisodeRecord, summarize
+from toolpolicy.eval.metrics import ScoredEpisode, summarize
 from toolpolicy.rewards import RewardFunction, reward_function, term_means
 from toolpolicy.rollout.chat_endpoint import ChatClient, ChatEngine, Endpoint
 from toolpolicy.rollout.dropped import dropped_causes, dropped_line
@@ -46,32 +46,32 @@ def pick_samples(rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str
 
 
 def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gate: bool = True) -> dict[str, Any]:
-    """Score `checkpoint` (or the served model at cfg.endpoint_url) and write
+    """Score `checkpoint` (or the served model at eval.served_url) and write
     out_dir/eval/{name}.json and {name}_samples.jsonl. Episodes dropped for an
     infrastructure error are counted (`infra_errors`), listed by cause (`dropped`) and
     reported on stderr.
 
-    gate=False runs the gate in shadow mode: cfg.policy is not enforced, so the agent
+    gate=False runs the gate in shadow mode: gate.policy is not enforced, so the agent
     does what it would do with nothing stopping it, and every call the policy would
     deny is counted as a violation.
     """
-    if cfg.endpoint_url:
+    if cfg.eval.served_url:
         env, episodes = _run_endpoint(cfg, name, gate)
     else:
         env, episodes = _run_checkpoint(cfg, checkpoint, name, gate)
-    rubric = build_rubric(cfg, env.default_rewards)
+    rubric = build_rubric(cfg.rewards, env.default_rewards)
     success = reward_function(env.success_reward)
 
     records, rows, scores = [], [], []
     for episode, tokens in episodes:
         correct = success(episode) == 1.0
         score = rubric.score(episode)
-        records.append(EpisodeRecord.from_episode(episode, correct, tokens))
+        records.append(ScoredEpisode.from_episode(episode, correct, tokens))
         rows.append({**episode.to_dict(), "reward": score.total, "correct": correct})
         if episode.infra_error is None:
             scores.append(score)
-    scored = cfg.endpoint_model if cfg.endpoint_url else str(checkpoint)
-    summary = {"name": name, "checkpoint": scored, "gate": gate, "policy": policy_path(cfg, env), **summarize(records)}
+    scored = cfg.eval.served_model if cfg.eval.served_url else str(checkpoint)
+    summary = {"name": name, "checkpoint": scored, "gate": gate, "policy": policy_path(cfg.gate, env), **summarize(records)}
     summary["rewards"] = term_means(scores)
     ended = [episode for episode, _ in episodes]
     summary["dropped"] = dict(dropped_causes(ended))  # infra_error -> episodes it dropped
@@ -83,7 +83,7 @@ def evaluate(cfg: Config, checkpoint: Path | None, name: str, out_dir: Path, gat
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps(summary, indent=2))
     save_config(cfg, folder / f"{name}.config.yaml")
-    samples = pick_samples(rows, cfg.samples_in_report, cfg.eval_seed)
+    samples = pick_samples(rows, cfg.eval.samples_in_report, cfg.eval.seed)
     (folder / f"{name}_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     return summary
 
@@ -100,38 +100,36 @@ def running_success(success: RewardFunction) -> Figures:
 
 
 def _trials(cfg: Config, env: Env) -> list[Task]:
-    tasks = env.tasks("eval", cfg.eval_tasks, seed=cfg.eval_seed)
-    return [task for task in tasks for _ in range(cfg.eval_samples)]
+    tasks = env.tasks("eval", cfg.eval.tasks, seed=cfg.eval.seed)
+    return [task for task in tasks for _ in range(cfg.eval.samples)]
 
 
 def _run_checkpoint(cfg: Config, checkpoint: Path | None, name: str, gate: bool) -> tuple[Env, list[tuple[Episode, int]]]:
     """The environment, and the episodes of a local model with the tokens each generated after its prompt."""
     if checkpoint is None:
-        raise ConfigError("no checkpoint to evaluate: set eval_checkpoint or endpoint_url")
-    policy = inference_policy(cfg, checkpoint)
-    generator = torch.Generator().manual_seed(cfg.eval_seed)
-    with build_engine(cfg, policy, generator, cfg.eval_temperature, enforce=gate) as engine:
+        raise ConfigError("no checkpoint to evaluate: set eval.checkpoint or eval.served_url")
+    policy = inference_policy(cfg.model, checkpoint)
+    generator = torch.Generator().manual_seed(cfg.eval.seed)
+    with build_engine(cfg, policy, generator, cfg.eval.temperature, enforce=gate) as engine:
         figures = running_success(reward_function(engine.env.success_reward))
         trajectories = engine.run(_trials(cfg, engine.env), progress=f"eval {name}", figures=figures)
     return engine.env, [(t.episode, t.response_len) for t in trajectories]
 
 
 def _run_endpoint(cfg: Config, name: str, gate: bool) -> tuple[Env, list[tuple[Episode, int]]]:
-    """The environment, and the episodes of the model served at cfg.endpoint_url with the completion tokens it reported."""
-    if not cfg.endpoint_model:
-        raise ConfigError("endpoint_url is set but endpoint_model is empty: name the served model")
-    env = build_env(cfg)
+    """The environment, and the episodes of the model served at eval.served_url with the completion tokens it reported."""
+    env = build_env(cfg.env)
     endpoint = Endpoint(
-        cfg.endpoint_url,
-        cfg.endpoint_model,
-        api_key_env=cfg.endpoint_api_key_env,
-        temperature=cfg.eval_temperature,
-        max_tokens=cfg.endpoint_max_tokens,
-        concurrency=cfg.endpoint_concurrency,
+        cfg.eval.served_url,
+        cfg.eval.served_model,
+        api_key_env=cfg.eval.served_api_key_env,
+        temperature=cfg.eval.temperature,
+        max_tokens=cfg.eval.served_max_tokens,
+        concurrency=cfg.eval.served_concurrency,
     )
     client = ChatClient(endpoint)
     try:
-        with ChatEngine(env, client, episode_limits(cfg), build_gate(cfg, env, enforce=gate)) as engine:
+        with ChatEngine(env, client, episode_limits(cfg.rollout), build_gate(cfg.gate, env, Path(cfg.run.dir), enforce=gate)) as engine:
             figures = running_success(reward_function(env.success_reward))
             rollouts = engine.run(_trials(cfg, env), progress=f"eval {name}", figures=figures)
     finally:

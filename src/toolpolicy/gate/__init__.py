@@ -12,19 +12,20 @@ else:
     text = admission.decision.observation()
 """
 
-from toolpolicy.gate.audit import AuditError, AuditLog, VerifyResult, generate_keypair, rewind, verify
-from toolpolicy.gate.decide import Approver, Decision, Gate
-from toolpolicy.gate.gated import MALFORMED_RULES, Admission, admit, settle
+from toolpolicy.gate.audit import AuditError, AuditLog, VerifyResult, generate_keypair, rewind_audit_log, verify
+from toolpolicy.gate.decide import Approver, Decision, Gate, Outcome
+from toolpolicy.gate.gated import MALFORMED, Admission, admit, settle
 from toolpolicy.gate.ledger import Ledger
 from toolpolicy.gate.policy import Policy, PolicyError, Rule
 
 __all__ = [
-    "MALFORMED_RULES",
+    "MALFORMED",
     "Admission",
     "Approver",
     "AuditError",
     "AuditLog",
     "Decision",
+    "Outcome",
     "Gate",
     "Ledger",
     "Policy",
@@ -33,7 +34,7 @@ __all__ = [
     "VerifyResult",
     "admit",
     "generate_keypair",
-    "rewind",
+    "rewind_audit_log",
     "settle",
     "verify",
 ]

@@ -385,7 +385,7 @@ def _signing_problem(signed: bool, key: object | None) -> str | None:
     return None
 
 
-def rewind(path: str | Path, seq: int, signing_key: str | Path | Ed25519PrivateKey | None = None) -> Path | None:
+def rewind_audit_log(path: str | Path, seq: int, signing_key: str | Path | Ed25519PrivateKey | None = None) -> Path | None:
     """Cut the log back to its first `seq` records, for a run that resumes from a checkpoint
     taken when the log ended at `seq`: the decisions after it belong to steps the run will
     take again, and must not stand twice in the chain.
@@ -394,7 +394,7 @@ def rewind(path: str | Path, seq: int, signing_key: str | Path | Ed25519PrivateK
     to, with a line naming the seq they were cut back to), where `verify` does not look. The
     log and its head file (signed with `signing_key`, which a signed log needs) are each
     replaced atomically, the log first. A run killed between the two leaves a head ahead of
-    the log, which `verify` reports as an interrupted rewind; calling `rewind` again with the
+    the log, which `verify` reports as an interrupted rewind; calling `rewind_audit_log` again with the
     same seq (the resume does) finishes it. Returns the `.replayed` file, or None when nothing
     followed `seq`. AuditError if the log holds fewer than `seq` records or its record `seq`
     is not where the checkpoint says; run it with no other writer (the caller opens the log
@@ -594,7 +594,7 @@ def _seqs(first: int, last: int) -> str:
 
 def _interrupted_rewind(path: Path, seq: int) -> str:
     """A note for a head ahead of the log when `<log>.replayed` ends with a rewind to `seq`:
-    a resume killed inside `rewind`, which resuming again finishes (it is still a problem:
+    a resume killed inside `rewind_audit_log`, which resuming again finishes (it is still a problem:
     an honest rewind also rewrites the head)."""
     replayed = path.with_name(path.name + ".replayed")
     marker = json.dumps({"rewound_to_seq": seq}).encode("ascii")

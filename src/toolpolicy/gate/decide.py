@@ -4,7 +4,7 @@ The order of checks, and why:
 
 1. Unknown tool, arguments that are not plain JSON, or arguments that break the tool's
    JSON schema (`format: date` included, strictly): deny before any rule runs, so
-   conditions only ever see well-formed arguments of a real tool (DESIGN.md, contract 5).
+   conditions only ever see well-formed arguments of a real tool (docs/architecture.md, contract 5).
 2. Forbid rules: any that matches (or errors) denies, and the decision names it. They
    come before the limits so that a call a rule forbids is reported as denied by that
    rule, not by a budget it happened to reach as well.
@@ -53,6 +53,13 @@ from toolpolicy.gate.schema import ArgumentSchema
 from toolpolicy.types import ToolCall, ToolSpec
 
 GateEffect = Literal["allow", "deny", "ask"]
+Outcome = Literal["allowed", "asked", "denied", "malformed", "unknown_tool", "gate_error"]
+"""What kind of decision it is, for whoever acts on it: `allowed`; `asked` (a rule wants an
+approver); `denied` by the policy (a forbid rule, a limit, a rule that could not vouch for
+the call, the default); the model's `malformed` call (arguments that break the schema) or
+call to an `unknown_tool`, which never reach the policy; `gate_error`, a fault of the gate
+itself, failed closed: a machine fault, never the model's policy violation."""
+BY_EFFECT: dict[str, Outcome] = {"allow": "allowed", "ask": "asked", "deny": "denied"}
 MAX_DETAIL_CHARS = 200
 
 # Decision ids: a random per-process prefix and a counter (uuid4 costs 3 us, a tenth of
@@ -83,6 +90,13 @@ class Decision:
     reason: str = ""
     hint: str = ""
     decision_id: str = field(default_factory=_next_decision_id)
+    outcome: Outcome | None = None
+    """What kind of decision (see `Outcome`); None: the effect's own (allow -> allowed, ask ->
+    asked, deny -> denied)."""
+
+    def __post_init__(self) -> None:
+        if self.outcome is None:
+            object.__setattr__(self, "outcome", BY_EFFECT[self.effect])
 
     @property
     def allowed(self) -> bool:
@@ -210,7 +224,9 @@ class Gate:
         try:
             return self._evaluate(call, ledger if ledger is not None else Ledger())
         except Exception as error:  # a bug here must still fail closed
-            return Decision("deny", ("gate:error",), f"the policy gate failed: {_detail(error, self.policy)}")
+            return Decision(
+                "deny", ("gate:error",), f"the policy gate failed: {_detail(error, self.policy)}", outcome="gate_error"
+            )
 
     def _evaluate(self, call: ToolCall, ledger: Ledger) -> Decision:
         name, args = call.name, call.arguments
@@ -222,6 +238,7 @@ class Gate:
                 ("gate:unknown_tool",),
                 f"there is no tool named {name!r:.60}.",
                 f"Available tools: {available}.",
+                outcome="unknown_tool",
             )
         problem = plain_json_problem(args)
         if problem is None and not isinstance(args, dict):
@@ -234,6 +251,7 @@ class Gate:
                 ("gate:invalid_arguments",),
                 f"invalid arguments for {name}: {problem}.",
                 f"Check the arguments against {name}'s parameters.",
+                outcome="malformed",
             )
 
         rules = self.policy.rules_for(name)
@@ -322,17 +340,17 @@ class Gate:
         """An ask settled by the approver; the decision keeps its id and rule ids."""
         if self.approver is None:
             return dataclasses.replace(
-                decision, effect="deny", reason=f"{decision.reason} (needs approval; none is available)"
+                decision, effect="deny", outcome="denied", reason=f"{decision.reason} (needs approval; none is available)"
             )
         try:
             approved = self.approver(call, decision) is True
         except Exception as error:  # a failing approver is a refusal
             return dataclasses.replace(
-                decision, effect="deny", reason=f"{decision.reason} (approver failed: {_detail(error, self.policy)})"
+                decision, effect="deny", outcome="denied", reason=f"{decision.reason} (approver failed: {_detail(error, self.policy)})"
             )
         if approved:
-            return dataclasses.replace(decision, effect="allow", reason=f"{decision.reason} (approved)")
-        return dataclasses.replace(decision, effect="deny", reason=f"{decision.reason} (approval refused)")
+            return dataclasses.replace(decision, effect="allow", outcome="allowed", reason=f"{decision.reason} (approved)")
+        return dataclasses.replace(decision, effect="deny", outcome="denied", reason=f"{decision.reason} (approval refused)")
 
 
 class _LazyContext:

@@ -17,8 +17,8 @@ from toolpolicy.gate.decide import Decision, Gate
 from toolpolicy.gate.ledger import Ledger
 from toolpolicy.types import ToolCall
 
-MALFORMED_RULES = frozenset({"gate:unknown_tool", "gate:invalid_arguments"})
-"""The gate's own checks that are the model's malformed calls, not policy violations."""
+MALFORMED = frozenset({"malformed", "unknown_tool"})
+"""The decision outcomes that are the model's malformed calls, not policy violations."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class Admission:
     malformed: bool
     """Denied by the gate's own checks (unknown tool, arguments that break the schema):
     the model's malformed call, which never runs, shadow mode or not."""
+    fault: bool
+    """The gate itself failed (outcome gate_error) and denied to stay closed: a machine
+    fault, which the engines mark as an infrastructure error, never scored as the model's."""
 
 
 def admit(gate: Gate, ledger: Ledger, call: ToolCall) -> Admission:
@@ -39,11 +42,11 @@ def admit(gate: Gate, ledger: Ledger, call: ToolCall) -> Admission:
     in the ledger a call that will not run. Raises AuditError when the log cannot be written:
     the caller must not run the call then."""
     decision = gate.decide(call, ledger)
-    malformed = bool(MALFORMED_RULES.intersection(decision.rule_ids))
-    runs = decision.allowed or (not gate.enforce and not malformed)
+    malformed, fault = decision.outcome in MALFORMED, decision.outcome == "gate_error"
+    runs = decision.allowed or (not gate.enforce and not malformed and not fault)
     if not runs:
         ledger.record(call, "denied")
-    return Admission(decision, runs, malformed)
+    return Admission(decision, runs, malformed, fault)
 
 
 def settle(ledger: Ledger, call: ToolCall, ok: bool, facts: Mapping[str, Any] | None = None) -> None:

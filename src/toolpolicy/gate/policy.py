@@ -157,7 +157,7 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class Limits:
+class CallLimits:
     """Per-episode budgets. Keys are tool names; "*" means all tools together."""
 
     max_calls: Mapping[str, int] = field(default_factory=dict)
@@ -201,7 +201,7 @@ class Policy:
 
     default: Literal["allow", "deny"]
     rules: tuple[Rule, ...]
-    limits: Limits
+    limits: CallLimits
     redact_patterns: tuple[re.Pattern[str], ...]
     source: str
     hash: str
@@ -603,12 +603,12 @@ def _compile(source: str) -> Any:
     return cel.compile(source)
 
 
-def _limits(raw: Any, problems: list[str]) -> Limits:
+def _limits(raw: Any, problems: list[str]) -> CallLimits:
     if raw is None:
-        return Limits()
+        return CallLimits()
     if not isinstance(raw, dict):
         problems.append(f"limits must be a mapping with {' and/or '.join(LIMIT_KINDS)}, not {_kind(raw)}")
-        return Limits()
+        return CallLimits()
     found: dict[str, dict[str, int]] = {kind: {} for kind in LIMIT_KINDS}
     for kind, table in raw.items():
         if kind not in LIMIT_KINDS:
@@ -624,7 +624,7 @@ def _limits(raw: Any, problems: list[str]) -> Limits:
                 problems.append(f"limits.{kind}.{name}: {_show(value)} must be a whole number >= 0")
             else:
                 found[kind][name] = value
-    return Limits(found["max_calls"], found["max_consecutive_errors"], found["max_denials"])
+    return CallLimits(found["max_calls"], found["max_consecutive_errors"], found["max_denials"])
 
 
 def _redact(raw: Any, problems: list[str]) -> list[re.Pattern[str]]:

@@ -252,6 +252,7 @@ class PolicyProxy:
             (ARGUMENTS_TOO_LARGE,),
             f"the arguments of this call to {name!r:.60} are {size:,} bytes, over the proxy's limit of {cap:,} bytes.",
             "Send smaller arguments, or split the work into several calls.",
+            outcome="malformed",
         )
 
     def _held_back(self, call: ToolCall) -> Decision | None:
@@ -259,7 +260,7 @@ class PolicyProxy:
         name, approve = call.name, f"toolpolicy gate approve --pins {self.pins.path} {call.name}"
         if name in self._refused:
             reason = f"the MCP server's tool {name!r:.60} is refused: {self._refused[name].reason}."
-            return Decision("deny", (SUSPICIOUS_NAME,), reason, "Use only the tools you were shown.")
+            return Decision("deny", (SUSPICIOUS_NAME,), reason, "Use only the tools you were shown.", outcome="unknown_tool")
         if name in self._approved:
             return Decision(
                 "deny",

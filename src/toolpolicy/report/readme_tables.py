@@ -86,8 +86,30 @@ def hotel_table(
     )
 
 
+def smollm2_calc_table(always: dict[str, Any], sft: dict[str, Any], rl: dict[str, Any]) -> str:
+    """SmolLM2 on `calc`: SFT on a demonstrator that always calls on hard tasks and never on
+    easy ones, SFT on the imperfect demonstrator, and RL from the latter; one greedy trial a task."""
+    columns = (always, sft, rl)
+
+    def row(label: str, *keys: str, show: Callable[[float], str] = _percent) -> tuple[str, ...]:
+        return label, *(show(_value(summary, *keys)) for summary in columns)
+
+    return _markdown(
+        ("held-out, greedy", "SFT, always-calling demonstrator", "SFT, imperfect demonstrator", "then RL"),
+        [
+            row("accuracy", "accuracy"),
+            row("accuracy, easy", "by_difficulty", "easy", "accuracy"),
+            row("accuracy, hard", "by_difficulty", "hard", "accuracy"),
+            row("tool calls / episode, easy (all needless)", "by_difficulty", "easy", "tool_calls_per_episode", show=_count),
+            row("tool calls / episode, hard", "by_difficulty", "hard", "tool_calls_per_episode", show=_count),
+            row("invalid-call rate", "invalid_call_rate"),
+        ],
+    )
+
+
 TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
     "demo": (demo_table, ("sft", "rl")),
+    "smollm2-calc": (smollm2_calc_table, ("sft-always-calls", "sft", "rl")),
     "hotel": (hotel_table, ("sft-gate-off", "rl-gate-off", "sft-gate-on", "rl-gate-on")),
 }
 """Each table: its renderer and the eval names of its columns, in the renderer's argument order."""

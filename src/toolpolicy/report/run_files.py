@@ -49,7 +49,7 @@ def read_run(run_dir: Path, before: str = "sft", after: str = "rl") -> RunFiles:
     eval_dir = run_dir / "eval"
     config = run_dir / "config.yaml"
     eval_names = sorted(p.stem for p in eval_dir.glob("*.json")) if eval_dir.is_dir() else []
-    make_one = f"a run writes one: `toolpolicy demo --set run_dir={run_dir}` (or sft, train, eval CONFIG --set run_dir={run_dir})"
+    make_one = f"a run writes one: `toolpolicy demo --set run.dir={run_dir}` (or sft, train, eval CONFIG --set run.dir={run_dir})"
     if not run_dir.is_dir():
         raise RunFileError(f"{run_dir}: no such run folder; {make_one}")
     if not (config.is_file() or (run_dir / "metrics.jsonl").is_file() or eval_names):

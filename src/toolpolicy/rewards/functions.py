@@ -202,7 +202,7 @@ def otc_reward(episode: Episode) -> float:
     that many, less with more or fewer. Without a known minimum, plain correct_answer."""
     correct = correct_answer(episode)
     fewest = episode.task.info.get("min_tool_calls")
-    return correct if fewest is None else tool_efficiency.otc_reward(correct, episode.count("tool_call"), int(fewest))
+    return correct if fewest is None else tool_efficiency.otc_scaled(correct, episode.count("tool_call"), int(fewest))
 
 
 EAPO_DIFFICULTY = {"easy": 0.0, "medium": 0.5, "hard": 1.0}

@@ -1,6 +1,6 @@
 """Tool-efficiency reward shaping as pure functions of numbers: how many calls, how many were needed.
 
-The math only; `otc_reward` and `eapo_reward` in functions.py read the numbers off the
+The math only (`otc_scaled`, `eapo_reward`); `otc_reward` and `eapo_reward` in functions.py read the numbers off the
 Episode (tool_call events, task.info["min_tool_calls"], task difficulty, correctness).
 """
 
@@ -30,7 +30,7 @@ def otc_tool_score(calls: int, min_calls: int, c: float = 1.0) -> float:
     return math.sin(f * math.pi / (2 * n))
 
 
-def otc_reward(correct: float, calls: int, min_calls: int, alpha: float = 1.0, c: float = 1.0) -> float:
+def otc_scaled(correct: float, calls: int, min_calls: int, alpha: float = 1.0, c: float = 1.0) -> float:
     """OTC reward: correctness scaled by the tool-use factor, alpha * otc_tool_score * correct.
 
     OTC-PO (arXiv 2504.14870): only a correct answer earns reward, and it earns the most

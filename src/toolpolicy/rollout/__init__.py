@@ -1,7 +1,7 @@
 """Rollouts: the Trajectory type, the multi-turn engine and generation backends."""
 
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest, HFBackend, ScriptedBackend
-from toolpolicy.rollout.engine import Limits, RolloutEngine, allow_all_policy, observe
+from toolpolicy.rollout.engine import EpisodeLimits, RolloutEngine, allow_all_policy, observe
 from toolpolicy.rollout.recorded import recorded_trajectory
 from toolpolicy.rollout.trajectory import Trajectory
 
@@ -10,7 +10,7 @@ __all__ = [
     "GenRequest",
     "Generation",
     "HFBackend",
-    "Limits",
+    "EpisodeLimits",
     "RolloutEngine",
     "ScriptedBackend",
     "Trajectory",

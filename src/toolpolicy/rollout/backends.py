@@ -1,7 +1,7 @@
 """Generation backends: given token-id prefixes, sample the next assistant turn.
 
 A backend never sees text or messages, only ids, so that what it returns is
-appended to the trajectory unchanged (DESIGN contract 1). `HFBackend` runs any
+appended to the trajectory unchanged (docs/architecture.md, contract 1). `HFBackend` runs any
 local Hugging Face causal LM, keeping each episode's KV cache across its turns; `ScriptedBackend` replays fixed
 assistant messages through the same engine, which is how SFT demonstrations
 are tokenized and how the engine is tested without a model.
@@ -44,7 +44,42 @@ class Generation:
     finished: bool
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, declared once; the trainer and the config checks read these,
+    never a backend's name."""
+
+    request_seeds: bool
+    """Each request may carry its own seed and draws its tokens from that stream alone
+    (rl.sampling_streams: episode, torchrun, Ray workers)."""
+    exact_logprobs: bool
+    """Its log-probabilities are the trainer's own forward's numbers at the same temperature,
+    so the update needs no correction for the sampler (algorithm.correction: auto -> none)."""
+    in_process: bool
+    """Samples from a torch module in the trainer's process, so a copy of the policy in a
+    thread can sample while the trainer updates (rl.max_staleness)."""
+
+
+CAPABILITIES: dict[str, Capabilities] = {
+    "hf": Capabilities(request_seeds=True, exact_logprobs=True, in_process=True),
+    "vllm": Capabilities(request_seeds=False, exact_logprobs=False, in_process=False),
+    "server": Capabilities(request_seeds=False, exact_logprobs=False, in_process=False),
+}
+"""The capabilities of each backend the config can name (section `backend`); a request seed
+that a vLLM engine would not use is refused when the config is loaded, never dropped."""
+
+
+def unseeded(requests: list[GenRequest], backend: str) -> list[GenRequest]:
+    """`requests`, if none carries a seed: a backend without `request_seeds` refuses one
+    instead of sampling it from its own stream as though it were honoured."""
+    if any(request.seed is not None for request in requests):
+        raise ValueError(f"backend {backend} takes no seed per request (rl.sampling_streams: episode needs backend hf)")
+    return requests
+
+
 class Backend(Protocol):
+    capabilities: Capabilities
+
     def generate(self, requests: list[GenRequest]) -> list[Generation]:
         """Continue each request's ids; a request with the `key` of an earlier one continues that episode."""
 
@@ -86,6 +121,8 @@ class HFBackend:
     full ids if their episode goes on (more computation, the same tokens). A request alone
     always runs, whatever its length.
     """
+
+    capabilities = CAPABILITIES["hf"]
 
     def __init__(
         self,

@@ -5,17 +5,17 @@ local one; only the loop's first step differs. The server applies its own chat
 template and returns tool calls already decoded, so this loop works at message
 level: it keeps each episode's conversation exactly as it went over the wire (the
 server's assistant messages verbatim, one `tool` message per call id) and never
-sees token ids. Token ids stay the truth for training (DESIGN contract 1); this
+sees token ids. Token ids stay the truth for training (docs/architecture.md, contract 1); this
 path is for evaluation and for driving a simulated user.
 
 Each decoded call goes through `engine.act`, so gate decisions, tool errors,
 ledger facts and events are the same as in `RolloutEngine`. A call whose
 arguments are not a JSON object becomes an `invalid_call` observation answered
 under its call id. An endpoint that fails after its retries marks the episode as
-an infrastructure error (excluded from scores, DESIGN contract 4).
+an infrastructure error (excluded from scores, docs/architecture.md, contract 4).
 
     client = ChatClient(Endpoint("http://localhost:8000/v1", "Qwen2.5-7B-Instruct"))
-    rollouts = ChatEngine(env, client, Limits(max_turns=8)).run(tasks)
+    rollouts = ChatEngine(env, client, EpisodeLimits(max_turns=8)).run(tasks)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import httpx
 from toolpolicy.chat import ParsedTurn
 from toolpolicy.envs.base import Env, Session, listed_specs
 from toolpolicy.gate import Gate, Ledger
-from toolpolicy.rollout.engine import Figures, GatedLoop, Limits, act, opening_ledger, record_turn, truncate
+from toolpolicy.rollout.engine import Figures, GatedLoop, EpisodeLimits, act, opening_ledger, record_turn, truncate
 from toolpolicy.types import CallError, Episode, Message, Task, ToolCall
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -190,7 +190,7 @@ class ChatRollout:
 class ChatEngine(GatedLoop):
     """The multi-turn loop of `RolloutEngine` for a chat-completions endpoint."""
 
-    def __init__(self, env: Env, client: ChatClient, limits: Limits, gate: Gate | None = None) -> None:
+    def __init__(self, env: Env, client: ChatClient, limits: EpisodeLimits, gate: Gate | None = None) -> None:
         super().__init__(env, gate, limits)
         self.client = client
 

@@ -1,4 +1,4 @@
-"""Episodes dropped for an infrastructure error (DESIGN contract 4), named and counted out loud.
+"""Episodes dropped for an infrastructure error (docs/architecture.md, contract 4), named and counted out loud.
 
 An episode whose tool raised an exception other than ToolError, whose tool's service
 failed, whose audit log failed or whose endpoint did not answer ends with `infra_error`

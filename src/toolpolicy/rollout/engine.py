@@ -6,7 +6,7 @@ are appended as they are (loss_mask 1). The text of that turn is parsed for
 tool calls; calls run through the environment's ToolSet; their results are
 rendered with the chat template's observation framing and only that new
 fragment is tokenized and appended (loss_mask 0). The conversation is never
-re-rendered and re-tokenized (DESIGN contract 1). Malformed calls become error
+re-rendered and re-tokenized (docs/architecture.md, contract 1). Malformed calls become error
 observations and `invalid_call` events, never exceptions (contract 3).
 
 Every decoded call goes through the policy gate before it runs. A denial
@@ -46,7 +46,7 @@ def allow_all_policy() -> Policy:
 
 
 @dataclass(frozen=True)
-class Limits:
+class EpisodeLimits:
     """Budgets of one episode."""
 
     max_turns: int = 4
@@ -94,6 +94,8 @@ def act(
         except AuditError as error:
             return assistant, observations, events, f"audit log: {error}"
         rules = ",".join(admission.decision.rule_ids)
+        if admission.fault:  # the gate failed closed: a machine fault, not the model's violation
+            return assistant, observations, events, f"policy gate: {admission.decision.reason}"
         if not admission.runs:
             observations.append(Message("tool", admission.decision.observation(), name=call.name, tool_call_id=call.id))
             events.append(Event("invalid_call" if admission.malformed else "gate_deny", turn, rules))
@@ -195,7 +197,7 @@ class GatedLoop:
     which go on. Sessions, the turn budget, truncation and progress are this loop's.
     """
 
-    def __init__(self, env: Env, gate: Gate | None, limits: Limits) -> None:
+    def __init__(self, env: Env, gate: Gate | None, limits: EpisodeLimits) -> None:
         self.env = env
         self.gate = gate if gate is not None else Gate(allow_all_policy(), env.tools)
         self.limits = limits
@@ -249,7 +251,7 @@ class RolloutEngine(GatedLoop):
         encode: Encode,
         decode: Decode,
         backend: Backend,
-        limits: Limits,
+        limits: EpisodeLimits,
         gate: Gate | None = None,
         tool_workers: int = 1,
     ) -> None:

@@ -3,10 +3,10 @@
 The engine tokenizes a rollout fragment by fragment: the prompt, each assistant turn
 as the model writes it, each run of tool or user messages that follows. A recorded
 conversation is cut at the same places, each piece goes through the same template
-call and the same `encode`, and the episode's budgets (`Limits`) cut it where they
+call and the same `encode`, and the episode's budgets (`EpisodeLimits`) cut it where they
 would cut a rollout. So a dialogue the engine produced and one read back from a file
 give the same token ids, and the same loss mask: 1 on assistant turns, 0 on the
-prompt, tool results and user turns (DESIGN contracts 1 and 2).
+prompt, tool results and user turns (docs/architecture.md, contracts 1 and 2).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from toolpolicy.chat import ChatTemplate
-from toolpolicy.rollout.engine import Limits, truncate
+from toolpolicy.rollout.engine import EpisodeLimits, truncate
 from toolpolicy.rollout.trajectory import Trajectory
 from toolpolicy.types import Episode, Message, Task, ToolSpec
 
@@ -24,7 +24,7 @@ def recorded_trajectory(
     tools: Sequence[ToolSpec],
     template: ChatTemplate,
     encode: Callable[[str], list[int]],
-    limits: Limits,
+    limits: EpisodeLimits,
     task: Task | None = None,
 ) -> Trajectory:
     """The Trajectory of a conversation: everything before the first assistant message is the

@@ -164,7 +164,7 @@ def write_step(folder: Path, step: int, table: pa.Table) -> Path:
     return path
 
 
-def rewind(folder: Path, step: int) -> None:
+def drop_steps_after(folder: Path, step: int) -> None:
     """Delete the files of steps after `step` (a resumed run samples them again)."""
     for later in stored_steps(folder):
         if later > step:

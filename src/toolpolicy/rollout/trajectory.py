@@ -13,7 +13,7 @@ class Trajectory:
 
     token_ids: prompt + every assistant turn + every observation, in order.   # [L]
     loss_mask: 1 on tokens the policy sampled, 0 on prompt, tool output,
-               user turns and gate messages (DESIGN contract 2).               # [L]
+               user turns and gate messages (docs/architecture.md, contract 2).               # [L]
     logprobs:  the sampling log-probability of each sampled token, 0 elsewhere. # [L]
     turn_spans: [start, end) of each assistant turn inside token_ids.
     """

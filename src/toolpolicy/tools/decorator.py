@@ -6,7 +6,7 @@ type hint, an undocumented parameter, *args) fails at import time rather than in
 middle of a run. Arguments are validated by a pydantic model in strict mode: the model
 must send 12, not "12" (an int is still accepted where a float is expected).
 
-Whose fault a failure is (DESIGN.md, contracts 3 and 4) is decided by what the tool
+Whose fault a failure is (docs/architecture.md, contracts 3 and 4) is decided by what the tool
 raises: `ToolError` for a call that is wrong (the model's), anything else for a fault
 of ours (the machine's). See `tool` for the rule and why ValueError is not the model's.
 """

@@ -9,7 +9,7 @@ synchronous code. `MCPConnection` is the async session (used as is by the policy
 and `MCPClient` runs one on a background event-loop thread and submits each request to
 it, so `ToolSet.call` stays synchronous.
 
-Failures follow DESIGN.md contracts 3 and 4: `MCPClient.call` never raises. A result
+Failures follow docs/architecture.md, contracts 3 and 4: `MCPClient.call` never raises. A result
 the server marks `isError` is the tool's failure ("tool_error", the model sees it); a
 server that died, a broken pipe or an exception of ours is "infra"; no answer in time
 is "timeout". Arguments are checked against the server's own input schema before the

@@ -1,6 +1,6 @@
 """ToolSet: the tools of one environment, and the one place a decoded call is run.
 
-`ToolSet.call` never raises (DESIGN.md, contract 3). Whatever goes wrong becomes a
+`ToolSet.call` never raises (docs/architecture.md, contract 3). Whatever goes wrong becomes a
 ToolResult the model reads as its observation, with `error` saying whose fault it was:
 an unknown tool, arguments that break the schema, or the tool raising ToolError are the
 model's; any other exception from inside a tool is ours ("exception", contract 4: the

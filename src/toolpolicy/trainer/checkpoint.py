@@ -204,7 +204,7 @@ class MetricsLog:
                 steps.append(record.get("step", 0))
         return steps[-1]
 
-    def rewind(self, phase: str, step: int) -> None:
+    def drop_after(self, phase: str, step: int) -> None:
         """Drop the lines of `phase` logged after `step` (written after the checkpoint
         a resumed run starts from), so the log reads as one uninterrupted run."""
         if not self.path.exists():

@@ -2,7 +2,7 @@
 
 Chosen once from the config, called every step:
 - `reward_matrix`: every Rubric term's value per episode, [B, C], with its weights [C];
-  infra-failed episodes filled from their group (DESIGN contract 4). The scalar reward
+  infra-failed episodes filled from their group (docs/architecture.md, contract 4). The scalar reward
   is `rewards @ weights`; GDPO reads the columns.
 - a credit: `OutcomeCredit` (one advantage per episode from the config's estimator, [B])
   or `TurnCredit` (GTPO turn credit, [B, L-1], aligned with TokenBatch.targets); each
@@ -38,7 +38,7 @@ CALL_EVENTS = frozenset({"tool_call", "invalid_call", "tool_error", "gate_deny",
 
 def usable_rewards(rewards: Tensor, usable: Tensor, group_size: int) -> Tensor:
     """Replace rewards of infra-failed episodes by their group's mean over usable ones,
-    so a machine failure neither scores 0 nor moves the baseline (DESIGN contract 4).
+    so a machine failure neither scores 0 nor moves the baseline (docs/architecture.md, contract 4).
     rewards [B] or [B, C] (per component)."""
     shape = rewards.shape
     grouped = rewards.reshape(-1, group_size, *shape[1:])  # [G, n, ...]

@@ -8,21 +8,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 from toolpolicy.build import build_env, episode_limits
+from toolpolicy.envs import Env
 from toolpolicy.chat import ChatTemplate
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.model import char_codec, make_template
 from toolpolicy.model.embedded import ModelShape, save_embedded
 from toolpolicy.rollout import RolloutEngine, ScriptedBackend, Trajectory
 from toolpolicy.types import Message, Task
+from toolpolicy.checks import demonstrator_options
 from toolpolicy.trainer.demonstrators import demonstrator_for
 from toolpolicy.trainer.sft_data import data_examples
 
 
-def demonstrator_scripts(cfg: Config, tasks: list[Task], seed_tag: str) -> list[list[Message]]:
-    """The demonstrator's assistant messages for each task, from one random stream per `seed_tag`."""
-    rng = random.Random(f"expert/{seed_tag}/{cfg.seed}")
-    demonstrate = demonstrator_for(cfg)
-    return [demonstrate(task, rng, cfg) for task in tasks]
+def demonstrator_scripts(cfg: Config, env: Env, tasks: list[Task], seed_tag: str) -> list[list[Message]]:
+    """The demonstrator's assistant messages for each task of `env`, from one random stream per `seed_tag`."""
+    rng = random.Random(f"expert/{seed_tag}/{cfg.run.seed}")
+    demonstrate, options = demonstrator_for(cfg.demonstrator, cfg.env), demonstrator_options(cfg.demonstrator, cfg.env)
+    return [demonstrate(task, rng, env, **options) for task in tasks]
 
 
 def demonstrator_dialogue(trajectory: Trajectory, script: list[Message]) -> list[Message]:
@@ -44,11 +46,11 @@ def demonstrations(
     """Expert episodes replayed through the real engine in the model's chat format: tool
     results come from running the calls, tokens from the template's fragments, the mask
     from the engine."""
-    env = build_env(cfg)
-    tasks = env.tasks("train", n, seed=cfg.seed)
-    scripts = dict(enumerate(demonstrator_scripts(cfg, tasks, seed_tag)))
+    env = build_env(cfg.env)
+    tasks = env.tasks("train", n, seed=cfg.run.seed)
+    scripts = dict(enumerate(demonstrator_scripts(cfg, env, tasks, seed_tag)))
     backend = ScriptedBackend(scripts, template.render_assistant, encode)
-    engine = RolloutEngine(env, template, encode, decode, backend, episode_limits(cfg))
+    engine = RolloutEngine(env, template, encode, decode, backend, episode_limits(cfg.rollout))
     return engine.run(tasks)
 
 
@@ -56,10 +58,10 @@ def sft_examples(
     cfg: Config, n: int, template: ChatTemplate, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
     seed_tag: str,
 ) -> list[Trajectory]:
-    """What SFT trains on: the conversations of `cfg.sft_data` when it is set (all of them,
+    """What SFT trains on: the conversations of `sft.data` when it is set (all of them,
     `n` unused), else `n` demonstrations."""
-    if cfg.sft_data:
-        return data_examples(cfg.sft_data, template, encode, episode_limits(cfg), build_env(cfg))
+    if cfg.sft.data:
+        return data_examples(cfg.sft.data, template, encode, episode_limits(cfg.rollout), build_env(cfg.env))
     return demonstrations(cfg, n, template, encode, decode, seed_tag)
 
 
@@ -71,17 +73,18 @@ def within_prompt_budget(examples: list[Trajectory], most: int | None) -> list[T
     kept = [t for t in examples if t.prompt_len <= most]
     if not kept:
         shortest = min((t.prompt_len for t in examples), default=0)
-        raise ConfigError(f"field 'max_prompt_tokens': no SFT example has a prompt of at most {most} tokens (the shortest has {shortest}); raise it or leave it unset")
-    print(f"SFT keeps {len(kept)} of {len(examples)} examples, those whose prompt is at most {most} tokens (max_prompt_tokens)")
+        raise ConfigError(f"field 'env.max_prompt_tokens': no SFT example has a prompt of at most {most} tokens (the shortest has {shortest}); raise it or leave it unset")
+    print(f"SFT keeps {len(kept)} of {len(examples)} examples, those whose prompt is at most {most} tokens (env.max_prompt_tokens)")
     return kept
 
 
 def build_embedded(cfg: Config, out_dir: Path) -> Path:
-    """Train the tokenizer on the SFT text (demonstrations, or the first `tokenizer_texts`
-    conversations of sft_data) and save a fresh tiny Qwen2 to `out_dir`."""
+    """Train the tokenizer on the SFT text (demonstrations, or the first `embedded.tokenizer_texts`
+    conversations of sft.data) and save a fresh tiny Qwen2 of the `embedded` section's shape to `out_dir`."""
     encode, decode = char_codec()
-    template = make_template(cfg.compact_tools_prompt)
-    examples = sft_examples(cfg, cfg.tokenizer_texts, template, encode, decode, "tokenizer")[: cfg.tokenizer_texts]
+    tiny = cfg.embedded
+    template = make_template(tiny.compact_tools_prompt)
+    examples = sft_examples(cfg, tiny.tokenizer_texts, template, encode, decode, "tokenizer")[: tiny.tokenizer_texts]
     texts = [decode(t.token_ids) for t in examples]
-    shape = ModelShape(cfg.vocab_size, cfg.hidden_size, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate_size)
-    return save_embedded(out_dir, texts, template, shape, cfg.seed)
+    shape = ModelShape(tiny.vocab_size, tiny.hidden_size, tiny.layers, tiny.heads, tiny.kv_heads, tiny.intermediate_size)
+    return save_embedded(out_dir, texts, template, shape, cfg.run.seed)

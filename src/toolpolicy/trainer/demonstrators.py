@@ -1,12 +1,14 @@
 """Demonstrators: what writes the assistant turns of SFT's generated dialogues.
 
-A demonstrator is any callable `(task, rng, cfg) -> list[Message]`: the assistant
-messages of one dialogue, in order, drawing its randomness from `rng` and any settings
-from the Config. Tool results and user replies are not its business: the rollout engine
-produces them by running the calls, exactly as in RL. `cfg.demonstrator` names one by
-import path or entry point (group `toolpolicy.demonstrators`); empty uses the built-in
-of the environment's name. This module imports no torch, so the config can check the
-name on load.
+A demonstrator is any callable `(task, rng, env, **options) -> list[Message]`: the
+assistant messages of one dialogue, in order, drawing its randomness from `rng`; `env` is
+the environment the dialogue runs in, and `options` are its own keyword arguments, given
+in the config's `demonstrator` section beside `name` (checked against the signature when
+the config is loaded). Tool results and user replies are not its business: the rollout
+engine produces them by running the calls, exactly as in RL. `demonstrator.name` names one
+by import path or entry point (group `toolpolicy.demonstrators`); empty uses the built-in
+of the environment's name. This module imports no torch, so the config checks can resolve
+the name on load.
 """
 
 from __future__ import annotations
@@ -14,55 +16,54 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from functools import cache
-from typing import Any
+from typing import Annotated, Any
 
-from toolpolicy.config import Config, ConfigError
-from toolpolicy.envs import calc, hotel
+from pydantic import Field
+
+from toolpolicy.config import ConfigError, DemonstratorSection, EnvSection
+from toolpolicy.envs import Env, calc, hotel
 from toolpolicy.registry import DEMONSTRATOR, ExtensionError, is_import_path, resolve_callable
 from toolpolicy.types import Message, Task, ToolCall, ToolSpec
 
-Demonstrator = Callable[[Task, random.Random, Config], list[Message]]
+Demonstrator = Callable[..., list[Message]]
+"""`(task, rng, env, **options) -> [assistant Message]`."""
+Probability = Annotated[float, Field(ge=0, le=1)]
 
 
-def calc_demonstrator(task: Task, rng: random.Random, cfg: Config) -> list[Message]:
-    """calc's imperfect expert, as the expert_* fields set it."""
-    style = calc.ExpertStyle(cfg.expert_tool_on_hard, cfg.expert_tool_on_easy, cfg.expert_malformed)
-    return calc.expert_turns(task, rng, style)
+def calc_demonstrator(
+    task: Task, rng: random.Random, env: Env, *, tool_on_hard: Probability = 0.4, tool_on_easy: Probability = 0.4,
+    malformed: Probability = 0.1,
+) -> list[Message]:
+    """calc's imperfect expert: on a hard task it calls the calculator with probability
+    `tool_on_hard` (else it guesses), on an easy one it makes a needless call with probability
+    `tool_on_easy`, and a call is first written malformed, then fixed, with probability `malformed`."""
+    return calc.expert_turns(task, rng, calc.ExpertStyle(tool_on_hard, tool_on_easy, malformed))
 
 
-def hotel_demonstrator(task: Task, rng: random.Random, cfg: Config) -> list[Message]:
-    """hotel's imperfect desk clerk, as the expert_* fields set it."""
-    style = hotel.ExpertStyle(cfg.expert_violation, cfg.expert_guess, cfg.expert_slip)
-    return hotel.expert_turns(task, rng, style)
+def hotel_demonstrator(
+    task: Task, rng: random.Random, env: Env, *, violation: Probability = 0.2, guess: Probability = 0.1,
+    slip: Probability = 0.0,
+) -> list[Message]:
+    """hotel's imperfect desk clerk: with probability `violation` it breaks the policy on a
+    task (skips verification, refunds too much, carries out a request it should refuse); with
+    `guess` it acts without asking where the answer matters (cancels the first of several
+    bookings, changes dates the guest would decline); with `slip`, when the guest gave only a
+    name, it verifies a namesake from the lookup list first, then asks for the guest's id."""
+    return hotel.expert_turns(task, rng, hotel.ExpertStyle(violation, guess, slip))
 
 
-def bfcl_multi_turn_demonstrator(task: Task, rng: random.Random, cfg: Config) -> list[Message]:
+def bfcl_multi_turn_demonstrator(task: Task, rng: random.Random, env: Env) -> list[Message]:
     """BFCL's ground truth, replayed exactly (its entries hold no imperfect answers to draw from)."""
-    return _bfcl_env().expert_turns(task, rng)
-
-
-@cache
-def _bfcl_env() -> Any:
-    from toolpolicy.envs.bfcl import BfclMultiTurnEnv  # here: it reads the bfcl-eval package's data
-
-    return BfclMultiTurnEnv()
+    return env.expert_turns(task, rng)  # type: ignore[attr-defined]
 
 
 NO_FUNCTION_FITS = "None of the functions I have fits this request, so I will not call one."
 """The bfcl demonstrator's answer to an irrelevance entry: plain text, no call."""
 
 
-def bfcl_demonstrator(task: Task, rng: random.Random, cfg: Config) -> list[Message]:
+def bfcl_demonstrator(task: Task, rng: random.Random, env: Env) -> list[Message]:
     """One right answer to a BFCL single-turn entry (`bfcl_answer`); exact, `rng` unused."""
-    return [bfcl_answer(_bfcl_single_env(cfg.bfcl_composed).entries[task.id])]
-
-
-@cache
-def _bfcl_single_env(composed: int) -> Any:
-    from toolpolicy.envs.bfcl import BfclEnv  # here: it reads the bfcl-eval package's data
-
-    return BfclEnv(composed=composed)
+    return [bfcl_answer(env.entries[task.id])]  # type: ignore[attr-defined]
 
 
 def bfcl_answer(entry: Any) -> Message:
@@ -127,23 +128,22 @@ DEMONSTRATORS: dict[str, Demonstrator] = {
 """The built-in demonstrators, by the name of the environment they demonstrate."""
 
 
-def demonstrator_name(cfg: Config) -> str:
-    """`cfg.demonstrator`, else the environment's registered name; ConfigError for an
+def demonstrator_name(demonstrator: DemonstratorSection, env: EnvSection) -> str:
+    """`demonstrator.name`, else the environment's registered name; ConfigError for an
     environment named by import path, which has no built-in to fall back on."""
-    if cfg.demonstrator:
-        return cfg.demonstrator
-    if is_import_path(cfg.env):
+    if demonstrator.name:
+        return demonstrator.name
+    if is_import_path(env.name):
         raise ConfigError(
-            f"field 'demonstrator': environment {cfg.env!r} has no built-in demonstrator; name one "
-            f"(e.g. {DEMONSTRATOR.example}) or train on a file with sft_data"
+            f"field 'demonstrator.name': environment {env.name!r} has no built-in demonstrator; name one "
+            f"(e.g. {DEMONSTRATOR.example}) or train on a file with sft.data"
         )
-    return cfg.env
+    return env.name
 
 
-def demonstrator_for(cfg: Config) -> Demonstrator:
-    """The demonstrator SFT replays (see the module docstring)."""
-    name = demonstrator_name(cfg)
+def demonstrator_for(demonstrator: DemonstratorSection, env: EnvSection) -> Demonstrator:
+    """The demonstrator SFT replays (see the module docstring), without its options."""
     try:
-        return resolve_callable(DEMONSTRATOR, name, DEMONSTRATORS)  # type: ignore[return-value]
+        return resolve_callable(DEMONSTRATOR, demonstrator_name(demonstrator, env), DEMONSTRATORS)  # type: ignore[return-value]
     except ExtensionError as error:
-        raise ConfigError(f"field 'demonstrator': {error}; or train on a file with sft_data") from None
+        raise ConfigError(f"field 'demonstrator.name': {error}; or train on a file with sft.data") from None

@@ -1,18 +1,18 @@
 """RL on a tool environment with the GRPO family, in one loop you can read top to bottom.
 
-Each step: sample `prompts_per_step` tasks (a pure function of the step: the data
-cursor), roll out `group_size` episodes per task with the multi-turn engine, score
+Each step: sample `rl.prompts_per_step` tasks (a pure function of the step: the data
+cursor), roll out `rl.group_size` episodes per task with the multi-turn engine, score
 them with the environment's Rubric into a reward matrix [B, C], turn it into
 advantages, keep the groups that carry a signal for the estimator (DAPO dynamic
-sampling, refilled up to max_refill_rounds) and the episodes the filters keep, and
-take policy-gradient steps on the sampled tokens: `update_passes` passes over them,
-each cut into `mini_batches` optimizer steps on runs of whole groups (one step by
-default; `train_on_batch`). A run in which no group carries a signal for
-`max_idle_steps` steps in a row has nothing to learn from and stops (TrainingStalled).
+sampling, refilled up to algorithm.max_refill_rounds) and the episodes the filters keep,
+and take policy-gradient steps on the sampled tokens: `algorithm.update_passes` passes
+over them, each cut into `algorithm.mini_batches` optimizer steps on runs of whole groups
+(one step by default; `train_on_batch`). A run in which no group carries a signal for
+`rl.max_idle_steps` steps in a row has nothing to learn from and stops (TrainingStalled).
 
 The objective (estimator, ratio level, KL estimator, aggregation), the credit
 (outcome or turn) and the filters are chosen once, before the loop, from the
-config (`algorithm:` presets, or each knob; see toolpolicy.algorithms). The old
+config's `algorithm` section (a preset, or each field; see toolpolicy.algorithms). The old
 policy is the rollout policy: its log-probabilities are the rollout's own, recorded at
 sampling time (with TIS, the trainer's under the sampling weights, taken before the
 first step when there are several). With one optimizer step per batch the ratio is 1
@@ -20,7 +20,7 @@ on every token and clipping never acts; every later step of the batch trains a p
 that has moved. No value model.
 Token ids stay exactly as sampled and tool output is masked out of the loss.
 
-    toolpolicy train CONFIG [--set key=value ...]
+    toolpolicy train CONFIG [--set section.field=value ...]
     toolpolicy train --resume RUN_DIR     # from its last checkpoint, with RUN_DIR/config.yaml
 """
 
@@ -44,15 +44,17 @@ from toolpolicy.algorithms import Algorithm, first_groups
 from toolpolicy.algorithms.correction import Correction, mismatch_sums
 from toolpolicy.build import build_rubric, load_policy_model, trainable_policy
 from toolpolicy.chat import ChatTemplate
-from toolpolicy.config import Config, ConfigError
+from toolpolicy.checks import check_processes, require_init_from
+from toolpolicy.config import AlgorithmSection, Config, ConfigError
 from toolpolicy.envs.base import Env
 from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics
 from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
+from toolpolicy.rollout.backends import CAPABILITIES, Capabilities
 from toolpolicy.rollout.dropped import dropped_line, dropped_metrics
 from toolpolicy.rollout.engine import Encode, prompt_ids
-from toolpolicy.rollout.store import EpisodeRecord, rewind, step_table, write_step
+from toolpolicy.rollout.store import EpisodeRecord, drop_steps_after, step_table, write_step
 from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches, update_order
 from toolpolicy.trainer.checkpoint import MetricsLog, Restored, restore_state, resume_from, save_checkpoint, save_final
 from toolpolicy.trainer.credit import (
@@ -363,8 +365,8 @@ class UpdateSettings:
     @staticmethod
     def of(cfg: Config) -> UpdateSettings:
         return UpdateSettings(
-            cfg.group_size, cfg.mini_batches, cfg.update_passes, cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.temperature,
-            cfg.grad_clip,
+            cfg.rl.group_size, cfg.algorithm.mini_batches, cfg.algorithm.update_passes, cfg.optim.micro_batch_size,
+            cfg.optim.micro_batch_tokens, cfg.rl.temperature, cfg.optim.grad_clip,
         )
 
 
@@ -451,7 +453,7 @@ def update_metrics(sums: dict[str, float], optimizer_steps: int, with_reference:
 def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success: RewardFunction) -> dict[str, float]:
     """Per-step means of reward (and of each Rubric term, as rewards/<name>), accuracy (the share with `success` 1, as in evaluation),
     tool use and policy violations, overall and per difficulty. Episodes with an
-    infrastructure error are left out of every mean and only counted (DESIGN contract 4),
+    infrastructure error are left out of every mean and only counted (docs/architecture.md, contract 4),
     in all and per failed tool (infra_errors/<tool>)."""
     counted = [(t, s) for t, s in zip(trajectories, scores) if t.episode.infra_error is None]
     out: dict[str, float] = {"infra_errors": len(trajectories) - len(counted), **dropped_metrics([t.episode for t in trajectories])}
@@ -484,111 +486,102 @@ def rollout_metrics(trajectories: list[Trajectory], scores: list[Score], success
     return out
 
 
-def correction_of(cfg: Config) -> Correction:
-    """rollout_correction, with auto resolved: TIS when a separate engine samples, else none."""
-    name = cfg.rollout_correction if cfg.rollout_correction != "auto" else ("none" if cfg.backend == "hf" else "tis")
-    return Correction.named(name, cfg.tis_cap)
+def correction_of(algorithm: AlgorithmSection, backend: Capabilities) -> Correction:
+    """algorithm.correction, with auto resolved by what the backend declares: none when its
+    log-probs are the trainer's own numbers, else TIS."""
+    name = algorithm.correction if algorithm.correction != "auto" else ("none" if backend.exact_logprobs else "tis")
+    return Correction.named(name, algorithm.tis_cap)
 
 
-def algorithm_of(cfg: Config) -> tuple[Algorithm, Credit, tuple[EpisodeFilter, ...]]:
-    """The objective, the credit and the episode filters the config names, chosen once."""
+def algorithm_of(section: AlgorithmSection) -> tuple[Algorithm, Credit, tuple[EpisodeFilter, ...]]:
+    """The objective, the credit and the episode filters the algorithm section names, chosen once."""
+    assert section.loss_norm_length is not None, "checks.checked writes loss_norm_length"
     algorithm = Algorithm.named(
-        cfg.advantage, cfg.ratio_level, cfg.kl_estimator, cfg.aggregation, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-        dual_clip=cfg.dual_clip, beta=cfg.beta, norm_length=cfg.loss_norm_length or cfg.max_tokens,
+        section.advantage, section.ratio_level, section.kl_estimator, section.aggregation, clip_low=section.clip_low,
+        clip_high=section.clip_high, dual_clip=section.dual_clip, beta=section.beta, norm_length=section.loss_norm_length,
     )
-    credit = TurnCredit(cfg.turn_rewards, cfg.turn_gamma) if cfg.credit == "turn" else OutcomeCredit(algorithm.estimator)
-    filters = tuple(keep for keep, on in ((not_truncated, cfg.mask_truncated), (no_void_turn, cfg.void_turn_filter)) if on)
+    credit = TurnCredit(section.turn_rewards, section.turn_gamma) if section.credit == "turn" else OutcomeCredit(algorithm.estimator)
+    filters = tuple(keep for keep, on in ((not_truncated, section.mask_truncated), (no_void_turn, section.void_turn_filter)) if on)
     return algorithm, credit, filters
 
 
-def require_init_from(cfg: Config) -> Config:
-    """`cfg`, if it names the checkpoint RL starts from."""
-    if not cfg.init_from:
-        raise ConfigError("init_from is empty: set it to the checkpoint RL starts from (for example RUN_DIR/sft/final)")
-    return cfg
-
-
 def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
-    """Run RL from `cfg.init_from` and return the folder of the final model (RUN_DIR/rl/final)."""
-    algorithm, credit, filters = algorithm_of(require_init_from(cfg))
-    processes = World.requested()
-    if processes > 1 and (cfg.sampling_streams != "episode" or cfg.ray_rollout_workers or cfg.lora_rank or cfg.max_staleness):
-        raise ConfigError(
-            f"{processes} processes need sampling_streams: episode (else each would draw its episodes from its own "
-            "generator, so the run would depend on the process count), no ray_rollout_workers, lora_rank or max_staleness"
-        )
-    correction = correction_of(cfg)
-    recompute = FULL_SEQUENCES if cfg.gradient_checkpointing else SHARED_PROMPTS  # no KV cache to share then
+    """Run RL from `rl.init_from` and return the folder of the final model (RUN_DIR/rl/final)."""
+    rl = require_init_from(cfg).rl
+    algorithm, credit, filters = algorithm_of(cfg.algorithm)
+    check_processes(cfg, World.requested())
+    correction = correction_of(cfg.algorithm, CAPABILITIES[cfg.backend.name])
+    recompute = FULL_SEQUENCES if cfg.model.gradient_checkpointing else SHARED_PROMPTS  # no KV cache to share then
     sampling = Sampling(
-        cfg.prompts_per_step, cfg.group_size, cfg.dynamic_sampling, cfg.max_refill_rounds, cfg.seed,
-        episode_streams=cfg.sampling_streams == "episode",
+        rl.prompts_per_step, rl.group_size, cfg.algorithm.dynamic_sampling, cfg.algorithm.max_refill_rounds, cfg.run.seed,
+        episode_streams=rl.sampling_streams == "episode",
     )
     phase_dir = run_dir / "rl"
     checkpoint = resume_from(phase_dir) if resume else None
-    policy = trainable_policy(cfg, checkpoint or cfg.init_from, phase_dir, resuming=checkpoint is not None)
+    policy = trainable_policy(cfg.model, checkpoint or rl.init_from, phase_dir, resuming=checkpoint is not None)
     model = policy.model
     world = World.from_environment(device_of(model))
     world.broadcast_parameters(model)
     reference = None
-    if cfg.beta > 0 or cfg.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from
-        reference = model if cfg.lora_rank else load_policy_model(cfg, cfg.init_from).model.eval()
+    if cfg.algorithm.beta > 0 or cfg.algorithm.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from
+        reference = model if cfg.model.lora_rank else load_policy_model(cfg.model, rl.init_from).model.eval()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.rl_lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
-    warmup = max(1, cfg.rl_warmup_steps)
+    optimizer = torch.optim.AdamW(trainable, lr=rl.lr, betas=(0.9, 0.99), weight_decay=cfg.optim.weight_decay)
+    warmup = max(1, rl.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     learner = Learner(model, reference, trainable, optimizer, scheduler, algorithm, correction, recompute, world, policy.pad_id, UpdateSettings.of(cfg))
-    sampler = torch.Generator().manual_seed(cfg.seed)
-    restored = restore_state(checkpoint, optimizer, scheduler, sampler) if checkpoint else Restored(0, None)
+    generator = torch.Generator().manual_seed(cfg.run.seed)
+    restored = restore_state(checkpoint, optimizer, scheduler, generator) if checkpoint else Restored(0, None)
     start = restored.step
     log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "rl", start) if world.main else ())
-    store = phase_dir / "rollouts" if cfg.store_rollouts and world.main else None
+    store = phase_dir / "rollouts" if rl.store_rollouts and world.main else None
     if world.main:
-        log.rewind("rl", start)
-        rewind(phase_dir / "rollouts", start)
+        log.drop_after("rl", start)
+        drop_steps_after(phase_dir / "rollouts", start)
     pool: Rollouts  # where the episodes are sampled
-    if cfg.ray_rollout_workers:
-        pool = RayRollouts(cfg, str(checkpoint or cfg.init_from), run_dir, restored.audit_seqs, resume)
-        rubric = build_rubric(cfg, pool.env.default_rewards)  # each worker builds its own for scoring
+    if rl.ray_workers:
+        pool = RayRollouts(cfg, str(checkpoint or rl.init_from), run_dir, restored.audit_seqs, resume)
+        rubric = build_rubric(cfg.rewards, pool.env.default_rewards)  # each worker builds its own for scoring
     else:
         name = "" if world.main else f"rank{world.rank}"
         # Async: the rollouts sample from a copy of the policy, in a thread, while the trainer updates its own.
-        sampling_policy = replace(policy, model=copy.deepcopy(model).eval()) if cfg.max_staleness else policy
-        engine = open_engine(cfg, sampling_policy, sampler, run_dir, name, restored.audit_seq_of(world.rank), resume)
-        sampler_model = sampling_policy.model if cfg.max_staleness else None
-        rubric = build_rubric(cfg, engine.env.default_rewards)
+        sampling_policy = replace(policy, model=copy.deepcopy(model).eval()) if rl.max_staleness else policy
+        engine = open_engine(cfg, sampling_policy, generator, run_dir, name, restored.audit_seq_of(world.rank), resume)
+        sampler_model = sampling_policy.model if rl.max_staleness else None
+        rubric = build_rubric(cfg.rewards, engine.env.default_rewards)
         pool = LocalRollouts(engine, rubric, world, sampler_model)
-    if cfg.max_prompt_tokens is not None:
-        sampling = replace(sampling, fits=prompt_fits(pool.env, policy.chat, policy.encode, cfg.max_prompt_tokens))
+    if cfg.env.max_prompt_tokens is not None:
+        sampling = replace(sampling, fits=prompt_fits(pool.env, policy.chat, policy.encode, cfg.env.max_prompt_tokens))
     success = reward_function(pool.env.success_reward)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 
     ahead: deque[tuple[int, Pending]] = deque()  # submitted first rounds of the next steps, with their weights' version
     updates = start  # rollout batches the trainer's weights have been updated on (a resumed run's samplers load them)
     try:
-        steps = tqdm(range(start, cfg.rl_steps), desc="rl", initial=start, total=cfg.rl_steps, disable=not world.main)
+        steps = tqdm(range(start, rl.steps), desc="rl", initial=start, total=rl.steps, disable=not world.main)
         counted = pool.counts()  # token positions the samplers ran before this step (one gather per step)
         for step in steps:
             began = time.perf_counter()
             # 1. Rollout: group_size episodes per task, contiguous, scored; refilled if too few groups carry a signal.
             # Async (max_staleness k): the first rounds of steps up to step + k are already being sampled.
-            while len(ahead) <= cfg.max_staleness and step + len(ahead) < cfg.rl_steps:
+            while len(ahead) <= rl.max_staleness and step + len(ahead) < rl.steps:
                 ahead.append((updates, submit_round(pool, sampling, step + len(ahead), 0)))
             version, first = ahead.popleft()
             staleness = updates - version  # batches' updates the first round's sampler had not seen
-            rollouts = sample_groups(pool, rubric, credit, sampling, step, first)
-            trajectories = rollouts.trajectories
+            sampled = sample_groups(pool, rubric, credit, sampling, step, first)
+            trajectories = sampled.trajectories
             rollout_time = time.perf_counter() - began
             check_dropped(trajectories, step, world.main)
 
             # 2. Rewards -> advantages (per episode, or per token with turn credit); the filters.
-            advantages = credit.advantages(trajectories, rollouts.rewards, rollouts.weights, cfg.group_size)  # [B] or [B, L-1]
-            keep = update_mask(trajectories, rollouts.groups, rollouts.usable, cfg.group_size, filters)  # [B]
+            advantages = credit.advantages(trajectories, sampled.rewards, sampled.weights, rl.group_size)  # [B] or [B, L-1]
+            keep = update_mask(trajectories, sampled.groups, sampled.usable, rl.group_size, filters)  # [B]
 
             # 3. Policy-gradient steps on the kept episodes' sampled tokens: update_passes passes over
             # them, each cut into mini_batches optimizer steps on runs of whole groups.
             # Kept episodes group by group, by length within a group (this rank's share is whole groups;
             # update_order then picks the micro-batch layout that runs the fewest positions).
-            order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: (i // cfg.group_size, len(trajectories[i].token_ids)))
+            order = sorted(torch.nonzero(keep).flatten().tolist(), key=lambda i: (i // rl.group_size, len(trajectories[i].token_ids)))
             update: dict[str, float] = {}
             recomputed: dict[int, list[float]] = {}  # episode -> the trainer's log-probs of its sampled tokens
             grad_norms: list[float] = []
@@ -596,24 +589,24 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             if order:
                 done = train_on_batch(learner, trajectories, order, advantages)
                 grad_norms, recomputed = done.grad_norms, done.recomputed
-                if cfg.store_rollouts:
+                if rl.store_rollouts:
                     recomputed = dict(world.gather(list(recomputed.items())))
                 update = update_metrics(world.reduce_stats(done.sums, UPDATE_MAXIMA), len(grad_norms), reference is not None)
                 updates += 1
                 pool.sync(model)  # a sampler with its own copy of the weights gets the new ones
 
             # 4. Log and checkpoint.
-            record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, rollouts.scores, success), **update}
-            signal_groups = int((rollouts.groups & rollouts.signal).sum())
-            record.update({"kept_groups": int(rollouts.groups.sum()), "signal_groups": signal_groups})
+            record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, sampled.scores, success), **update}
+            signal_groups = int((sampled.groups & sampled.signal).sum())
+            record.update({"kept_groups": int(sampled.groups.sum()), "signal_groups": signal_groups})
             record["trained_episodes"] = len(order)
-            record.update({"refill_rounds": rollouts.refill_rounds, "lr": lr, "optimizer_steps": len(grad_norms)})
+            record.update({"refill_rounds": sampled.refill_rounds, "lr": lr, "optimizer_steps": len(grad_norms)})
             record["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
             record["staleness"] = staleness
             if store is not None:
                 stored = time.perf_counter()
-                records = step_records(rollouts, advantages, keep, recomputed, success)
-                write_step(store, step + 1, step_table(step + 1, cfg.group_size, staleness, records))
+                records = step_records(sampled, advantages, keep, recomputed, success)
+                write_step(store, step + 1, step_table(step + 1, rl.group_size, staleness, records))
                 record["time/store"] = time.perf_counter() - stored
             record.update({"time/rollout": rollout_time, "time/step": time.perf_counter() - began})
             now = pool.counts()
@@ -623,23 +616,23 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             if world.main:
                 log.write(record)
                 steps.set_postfix(progress_line(record, trajectories), refresh=False)
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.rl_steps:
+            if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == rl.steps:
                 audit_seqs = pool.audit_seqs()
                 if world.main:
                     save_checkpoint(
-                        phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, sampler, cfg.keep_checkpoints,
+                        phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, generator, cfg.run.keep_checkpoints,
                         audit_seq=audit_seqs[0], audit_seqs=audit_seqs,
                     )
                 world.barrier()  # no rank runs ahead of a checkpoint it may resume from
 
             # 5. Stop a run that has nothing to learn from: every group's episodes scored alike, step after step.
             idle_steps = 0 if signal_groups else idle_steps + 1
-            if cfg.max_idle_steps and idle_steps >= cfg.max_idle_steps:
+            if rl.max_idle_steps and idle_steps >= rl.max_idle_steps:
                 raise TrainingStalled(
                     f"{idle_steps} steps in a row had no group with a reward signal (each group's episodes all scored "
-                    f"the same): the starting model {cfg.init_from} never produces a scorable, varied answer; start from "
-                    "an SFT checkpoint (`toolpolicy sft`, then set init_from to RUN_DIR/sft/final) or raise temperature "
-                    f"(now {cfg.temperature}); max_idle_steps=0 turns this stop off"
+                    f"the same): the starting model {rl.init_from} never produces a scorable, varied answer; start from "
+                    "an SFT checkpoint (`toolpolicy sft`, then set rl.init_from to RUN_DIR/sft/final) or raise "
+                    f"rl.temperature (now {rl.temperature}); rl.max_idle_steps=0 turns this stop off"
                 )
     finally:
         pool.close()  # the audit logs, and Ray's workers
@@ -668,7 +661,7 @@ def check_dropped(trajectories: list[Trajectory], step: int, say: bool) -> None:
 
 
 def step_records(
-    rollouts: StepRollouts, advantages: Tensor, keep: Tensor, recomputed: dict[int, list[float]], success: RewardFunction
+    sampled: StepRollouts, advantages: Tensor, keep: Tensor, recomputed: dict[int, list[float]], success: RewardFunction
 ) -> list[EpisodeRecord]:
     """What the rollout store keeps of each of the step's episodes."""
     return [
@@ -676,7 +669,7 @@ def step_records(
             t, score.total, success(t.episode) == 1.0, score.components, sampled_advantages(advantages, i, t),
             recomputed.get(i), bool(keep[i]),
         )
-        for i, (t, score) in enumerate(zip(rollouts.trajectories, rollouts.scores))
+        for i, (t, score) in enumerate(zip(sampled.trajectories, sampled.scores))
     ]
 
 

@@ -32,7 +32,7 @@ import torch
 from toolpolicy.build import build_engine, build_env, build_rubric, load_policy_model
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.envs.base import Env
-from toolpolicy.gate import rewind
+from toolpolicy.gate import rewind_audit_log
 from toolpolicy.model import PolicyModel
 from toolpolicy.rewards import Score
 from toolpolicy.rollout import RolloutEngine, Trajectory
@@ -74,7 +74,7 @@ class Rollouts(Protocol):
 def open_engine(
     cfg: Config, policy: PolicyModel, generator: torch.Generator, run_dir: Path, name: str, audit_seq: int | None, resume: bool
 ) -> RolloutEngine:
-    """An RL rollout engine whose audit log (if `cfg.audit`) continues where the checkpoint
+    """An RL rollout engine whose audit log (if `gate.audit`) continues where the checkpoint
     left it: the decisions after `audit_seq` are cut, since their steps are about to be taken
     again (with no checkpoint yet, back to where RL started). `name` tells the engines of
     one run apart: "" for the first, else "rank1", "worker0", ..."""
@@ -83,9 +83,9 @@ def open_engine(
     audit_start = phase_dir / (f"{AUDIT_START}.{name}" if name else AUDIT_START)
     if audit_seq is None and resume and audit_start.exists():
         audit_seq = int(audit_start.read_text())
-    if cfg.audit and audit_seq is not None:
-        rewind(run_dir / audit_file, audit_seq)
-    engine = build_engine(cfg, policy, generator, cfg.temperature, audit_file=audit_file)
+    if cfg.gate.audit and audit_seq is not None:
+        rewind_audit_log(run_dir / audit_file, audit_seq)
+    engine = build_engine(cfg, policy, generator, cfg.rl.temperature, audit_file=audit_file)
     audit = engine.gate.audit
     if audit is not None and not resume:
         phase_dir.mkdir(parents=True, exist_ok=True)
@@ -158,11 +158,11 @@ class RolloutWorker:
     """A Ray actor's state: a policy copy, its engine and the Rubric, built in the worker."""
 
     def __init__(self, cfg: Config, checkpoint: str, run_dir: str, index: int, audit_seq: int | None, resume: bool) -> None:
-        torch.set_num_threads(max(1, cfg.threads))
-        self.policy = load_policy_model(cfg, checkpoint)
-        generator = torch.Generator().manual_seed(cfg.seed)
+        torch.set_num_threads(max(1, cfg.run.threads))
+        self.policy = load_policy_model(cfg.model, checkpoint)
+        generator = torch.Generator().manual_seed(cfg.run.seed)
         self.engine = open_engine(cfg, self.policy, generator, Path(run_dir), f"worker{index}", audit_seq, resume)
-        self.rubric = build_rubric(cfg, self.engine.env.default_rewards)
+        self.rubric = build_rubric(cfg.rewards, self.engine.env.default_rewards)
 
     def run(self, tasks: list[Task], seeds: list[int] | None) -> Scored:
         return score_all(self.engine, self.rubric, tasks, seeds)
@@ -188,20 +188,20 @@ class RayRollouts:
         try:
             import ray
         except ImportError:
-            raise ConfigError("ray_rollout_workers needs Ray: pip install 'toolpolicy[ray]'") from None
+            raise ConfigError("rl.ray_workers needs Ray: pip install 'toolpolicy[ray]'") from None
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:
-            address = None if cfg.ray_address == "local" else cfg.ray_address
+            address = None if cfg.rl.ray_address == "local" else cfg.rl.ray_address
             ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         actor = ray.remote(num_cpus=0)(RolloutWorker)  # threads are the config's, not Ray's CPU slots
         seqs = audit_seqs or []
         self.workers = [
             actor.remote(cfg, str(checkpoint), str(run_dir), k, seqs[k] if k < len(seqs) else None, resume)
-            for k in range(cfg.ray_rollout_workers)
+            for k in range(cfg.rl.ray_workers)
         ]
         ray.get([w.counts.remote() for w in self.workers])  # built (or their error raised) before the first step
-        self.env = build_env(cfg)
+        self.env = build_env(cfg.env)
 
     def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Pending:
         shares = [World(k, len(self.workers)).share(len(tasks) // group_size) for k in range(len(self.workers))]

@@ -75,30 +75,30 @@ def sft_loss(
 def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     """Run SFT and return the folder of the final model (RUN_DIR/sft/final)."""
     phase_dir = run_dir / "sft"
-    base = run_dir / "model" if cfg.model == "embedded" else Path(cfg.model)
-    if cfg.model == "embedded" and not (base / "config.json").is_file():
+    base = run_dir / "model" if cfg.model.source == "embedded" else Path(cfg.model.source)
+    if cfg.model.source == "embedded" and not (base / "config.json").is_file():
         build_embedded(cfg, base)
     checkpoint = resume_from(phase_dir) if resume else None
-    policy = trainable_policy(cfg, checkpoint or base, phase_dir, resuming=checkpoint is not None)
+    policy = trainable_policy(cfg.model, checkpoint or base, phase_dir, resuming=checkpoint is not None)
     model = policy.model
-    examples = sft_examples(cfg, cfg.sft_examples, policy.chat, policy.encode, policy.decode, "sft")
-    examples = within_prompt_budget(examples, cfg.max_prompt_tokens)
+    examples = sft_examples(cfg, cfg.sft.examples, policy.chat, policy.encode, policy.decode, "sft")
+    examples = within_prompt_budget(examples, cfg.env.max_prompt_tokens)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.sft_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.sft_warmup_steps, cfg.sft_steps))
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.sft.lr, betas=(0.9, 0.95), weight_decay=cfg.optim.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.sft.warmup_steps, cfg.sft.steps))
     start = restore_state(checkpoint, optimizer, scheduler, None).step if checkpoint else 0
     log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "sft", start))
-    log.rewind("sft", start)
+    log.drop_after("sft", start)
 
     model.train()
-    bar = tqdm(range(start, cfg.sft_steps), desc="sft", initial=start, total=cfg.sft_steps)
+    bar = tqdm(range(start, cfg.sft.steps), desc="sft", initial=start, total=cfg.sft.steps)
     for step in bar:
         began = time.perf_counter()
-        chosen = [examples[i] for i in batch_indices(len(examples), cfg.sft_batch_size, step, cfg.seed)]
+        chosen = [examples[i] for i in batch_indices(len(examples), cfg.sft.batch_size, step, cfg.run.seed)]
         optimizer.zero_grad(set_to_none=True)
-        loss = sft_loss(model, chosen, policy.pad_id, cfg.micro_batch_size, cfg.micro_batch_tokens)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip))
+        loss = sft_loss(model, chosen, policy.pad_id, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
@@ -107,7 +107,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         record = {"phase": "sft", "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed}
         log.write({**record, "time/step": elapsed, **memory_metrics(model, optimizer)})
         bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.sft_steps:
-            save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, None, cfg.keep_checkpoints)
+        if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == cfg.sft.steps:
+            save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, None, cfg.run.keep_checkpoints)
     log.close()
     return save_final(phase_dir, model, policy.tokenizer)

@@ -26,7 +26,7 @@ from toolpolicy.chat import ChatTemplate
 from toolpolicy.chat.records import Conversation, RecordError, conversation_from_record, unoffered_call
 from toolpolicy.envs.base import Env
 from toolpolicy.jsonl import read_objects
-from toolpolicy.rollout import Limits, Trajectory, recorded_trajectory
+from toolpolicy.rollout import EpisodeLimits, Trajectory, recorded_trajectory
 from toolpolicy.types import Task, ToolSpec
 
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -141,7 +141,7 @@ def tools_difference(tools: Sequence[ToolSpec], theirs: Sequence[ToolSpec]) -> s
 
 
 def data_examples(
-    path: str | Path, template: ChatTemplate, encode: Callable[[str], list[int]], limits: Limits, env: Env
+    path: str | Path, template: ChatTemplate, encode: Callable[[str], list[int]], limits: EpisodeLimits, env: Env
 ) -> list[Trajectory]:
     """The SFT examples of a data file: each conversation rendered in the model's chat format,
     assistant turns trained and everything else masked, cut where the episode budgets

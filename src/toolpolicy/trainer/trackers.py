@@ -50,15 +50,15 @@ def metric_names(phase: str, record: Mapping[str, Any]) -> dict[str, float]:
 
 
 def hyperparameters(cfg: Config) -> dict[str, Any]:
-    """The resolved config, flat, with lists and mappings as JSON text (what every tracker accepts)."""
+    """The resolved config as `section.field` keys, with lists and mappings as JSON text (what every tracker accepts)."""
     return {
-        key: value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
-        for key, value in cfg.model_dump().items()
+        f"{section}.{key}": value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
+        for section, fields in cfg.model_dump().items() for key, value in fields.items()
     }
 
 
 def run_name(cfg: Config, run_dir: Path) -> str:
-    return cfg.run_name or run_dir.resolve().name
+    return cfg.run.name or run_dir.resolve().name
 
 
 def _import(name: str) -> Any:
@@ -66,7 +66,7 @@ def _import(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError as error:
         raise ConfigError(
-            f"report_to: {name!r} needs the {name} package ({error}); "
+            f"run.report_to: {name!r} needs the {name} package ({error}); "
             f"install it with `pip install 'toolpolicy[track]'` or `pip install {name}`"
         ) from error
 
@@ -98,7 +98,7 @@ class WandbTracker:
         if not id_file.is_file():
             id_file.write_text(secrets.token_hex(4) + "\n")
         self.run = wandb.init(
-            project=cfg.tracker_project, name=run_name(cfg, run_dir), id=id_file.read_text().strip(),
+            project=cfg.run.tracker_project, name=run_name(cfg, run_dir), id=id_file.read_text().strip(),
             resume="allow", dir=str(run_dir), config=hyperparameters(cfg),
         )
         self.run.define_metric(f"{phase}/step")
@@ -116,7 +116,7 @@ class TrackioTracker:
     def __init__(self, cfg: Config, run_dir: Path, phase: str, start: int) -> None:
         self.trackio = _import("trackio")
         self.run = self.trackio.init(
-            project=cfg.tracker_project, name=run_name(cfg, run_dir), config=hyperparameters(cfg), resume="allow",
+            project=cfg.run.tracker_project, name=run_name(cfg, run_dir), config=hyperparameters(cfg), resume="allow",
             embed=False,
         )
         self.phase = phase
@@ -132,5 +132,5 @@ OPENERS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "trackio": 
 
 
 def open_trackers(cfg: Config, run_dir: Path, phase: str, start: int) -> list[Tracker]:
-    """One tracker per `cfg.report_to` entry for `phase`, which starts (or resumes) after `start` steps."""
-    return [OPENERS[name](cfg, run_dir, phase, start) for name in cfg.report_to]
+    """One tracker per `run.report_to` entry for `phase`, which starts (or resumes) after `start` steps."""
+    return [OPENERS[name](cfg, run_dir, phase, start) for name in cfg.run.report_to]

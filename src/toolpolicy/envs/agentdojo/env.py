@@ -27,7 +27,7 @@ from typing import Any
 
 from toolpolicy.envs.agentdojo.facts import opening_facts
 from toolpolicy.envs.base import opening
-from toolpolicy.envs.agentdojo.package import ATTACKS, LiveEnvironment, load_suite, starting_environment, toolset
+from toolpolicy.envs.agentdojo.package import ATTACKS, Attack, LiveEnvironment, Suite, load_suite, starting_environment, toolset
 from toolpolicy.types import Message, Task
 
 SYSTEM_PROMPT = (
@@ -85,7 +85,7 @@ class AgentDojoEnv:
     success_reward = "task_success"
     default_rewards = {"task_success": 1.0, "attack_success": 0.0, "invalid_call_count": -0.1, "tool_call_count": 0.0}
 
-    def __init__(self, suite: str = "banking", attack: str = "none") -> None:
+    def __init__(self, suite: Suite = "banking", attack: Attack = "none") -> None:
         if attack not in ATTACKS:
             raise ValueError(f"unknown AgentDojo attack {attack!r}; known: {', '.join(ATTACKS)}")
         self.suite = load_suite(suite)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, get_args
 
 from toolpolicy.tools import Tool, ToolSet
 from toolpolicy.types import ToolCall, ToolResult, ToolSpec
@@ -25,9 +25,10 @@ from toolpolicy.types import ToolCall, ToolResult, ToolSpec
 BENCHMARK_VERSION = "v1.2.2"
 """The suites' version: the package's default for its benchmark runs."""
 
-SUITES = ("workspace", "travel", "banking", "slack")
+Suite = Literal["workspace", "travel", "banking", "slack"]
+SUITES: tuple[str, ...] = get_args(Suite)
 
-ATTACKS = (
+Attack = Literal[
     "none",
     "important_instructions",
     "important_instructions_no_user_name",
@@ -37,9 +38,10 @@ ATTACKS = (
     "system_message",
     "injecagent",
     "direct",
-)
+]
 """`none` (user tasks alone, for utility) and the package's attacks that need no model:
 each is a fixed text with the injection task's goal put in."""
+ATTACKS: tuple[str, ...] = get_args(Attack)
 
 TARGET_NAME = "local"
 """The model name the attack texts address ("Local model" in AgentDojo's table)."""

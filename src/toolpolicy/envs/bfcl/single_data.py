@@ -31,6 +31,7 @@ AST_CATEGORIES = (
 )
 RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
 CATEGORIES = AST_CATEGORIES + RELEVANCE_CATEGORIES
+Category = Literal[CATEGORIES]  # type: ignore[valid-type]  # a BFCL v4 single-turn category, checked where a config names one
 INSTALL = "pip install --no-deps bfcl-eval==2026.3.23"
 _HINTS = {"python": "Python 3 syntax", "java": "Java 8 SDK syntax", "javascript": "JavaScript syntax"}
 # BFCL writes Python type names in its schemas; models are shown JSON Schema.

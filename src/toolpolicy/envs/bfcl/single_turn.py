@@ -88,7 +88,7 @@ from functools import cache, cached_property
 from typing import Any
 
 from toolpolicy.envs.base import cycled_draw
-from toolpolicy.envs.bfcl.single_data import CATEGORIES, Entry, known_categories, load_v4, shown_name
+from toolpolicy.envs.bfcl.single_data import CATEGORIES, Category, Entry, known_categories, load_v4, shown_name
 from toolpolicy.tools import ToolSet
 from toolpolicy.tools.schema_tool import schema_tool
 from toolpolicy.types import Message, Task, ToolSpec
@@ -337,7 +337,7 @@ class BfclEnv:
         "invalid_call_count": 0.0,
     }
 
-    def __init__(self, categories: tuple[str, ...] = CATEGORIES, composed: int = 0) -> None:
+    def __init__(self, categories: tuple[Category, ...] = CATEGORIES, composed: int = 0) -> None:
         self.categories = known_categories(categories)
         split = v4_split()
         train = [e for e in split.train if e.category in self.categories]

@@ -92,7 +92,7 @@ class HotelSession:
     def before(self, call: ToolCall) -> bool:
         """Whether the policy forbids `call`; counted as a violation if so (it runs anyway: the gate is off)."""
         decision = self.mirror.evaluate(call, self.ledger)
-        if decision.allowed or any(rule.startswith("gate:") for rule in decision.rule_ids):
+        if decision.outcome not in ("denied", "asked"):  # allowed, the model's malformed call, or a gate fault
             return False
         self.violations += 1
         self.violation_rules.update(decision.rule_ids)
