@@ -104,7 +104,7 @@ def test_turn_credit_lands_on_each_turns_tokens_and_filters_apply() -> None:
     scores = [Score(1.0, {"correct_answer": 1.0}), Score(0.0, {"correct_answer": 0.0})]
     usable = torch.tensor([True, True])
     rewards, weights = reward_matrix(rubric, scores, usable, 2)
-    advantages = credit.advantages([good, void], rewards, weights, 2)
+    advantages = credit.advantages([good, void], rewards, weights, 2, torch.tensor([True]))
     assert advantages.shape == (2, 9)
     # turn rewards: good [0.1, 1] -> returns [1.1, 1]; void [0, 0] -> [0, 0]. Pooled mean 0.525,
     # unbiased std 0.6076: good's turns (1.1 - 0.525) / 0.6076 = 0.9463 and 0.7817; void's -0.8641.
@@ -141,9 +141,15 @@ def test_gdpo_as_the_trainer_computes_it_by_hand() -> None:
     #   group 2: constant -> [0, 0]. The metric column (weight 0) adds nothing.
     # Batch norm: mean 0; sum of squares 4 * 0.125 = 0.5; unbiased var 0.5 / 5 = 0.1, std 0.316228:
     # 0.35355 / 0.316228 = 1.118034.
-    advantages = credit.advantages([_trajectory([(1, 2)], [], 3)] * 6, rewards, weights, 2)
+    episodes = [_trajectory([(1, 2)], [], 3)] * 6
+    advantages = credit.advantages(episodes, rewards, weights, 2, torch.tensor([True, True, True]))
     assert advantages.tolist() == pytest.approx([1.118034, -1.118034, 1.118034, -1.118034, 0.0, 0.0], abs=1e-5)
     assert credit.signal([], rewards, weights, 2).tolist() == [True, True, False]
+    # What trains is the groups with a signal (dynamic sampling drops group 2), and the batch norm
+    # is over those alone: sum of squares 0.5 over 4 rows, unbiased var 0.5 / 3, std 0.408248:
+    # 0.35355 / 0.408248 = 0.866025 (over all six rows it was 1.118034).
+    advantages = credit.advantages(episodes, rewards, weights, 2, torch.tensor([True, True, False]))
+    assert advantages.tolist() == pytest.approx([0.866025, -0.866025, 0.866025, -0.866025, 0.0, 0.0], abs=1e-5)
 
 
 def test_the_overlong_penalty_is_a_rubric_term() -> None:
@@ -218,3 +224,19 @@ def test_at_one_step_gspo_is_grpo_without_kl_and_rloo_is_dr_grpo_scaled() -> Non
     # Not vacuous: the other presets' gradients differ.
     assert not torch.allclose(gradient("grpo", "algorithm.beta=0"), gradient("dr_grpo"), atol=1e-6)
     assert not torch.allclose(gradient("gspo"), gradient("dapo"), atol=1e-6)
+
+
+def test_a_new_estimator_is_one_entry_in_its_table(monkeypatch) -> None:
+    """docs/architecture.md: an estimator is a function and an entry of ESTIMATORS; the config
+    checks and the trainer find it there, with nothing else to change."""
+    from toolpolicy.algorithms import advantages
+
+    def centred(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # [B] -> [B]
+        return rewards - rewards.view(-1, group_size).mean(dim=1).repeat_interleave(group_size)
+
+    with pytest.raises(ConfigError, match="field 'algorithm.advantage': unknown 'centred'"):
+        load_config(SMOKE, ["algorithm.advantage=centred"])
+    estimator = advantages.Estimator(advantages.on_total(centred), advantages.on_total(advantages.varied_groups))
+    monkeypatch.setitem(advantages.ESTIMATORS, "centred", estimator)
+    algorithm, _, _ = algorithm_of(load_config(SMOKE, ["algorithm.advantage=centred"]).algorithm)
+    assert algorithm.estimator is estimator

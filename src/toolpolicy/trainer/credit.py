@@ -65,8 +65,12 @@ class Credit(Protocol):
         """[G] bool: the groups whose advantages are not all zero."""
         ...
 
-    def advantages(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
-        """[B] per episode, or [B, L-1] per token (L: the longest trajectory)."""
+    def advantages(
+        self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int, groups: Tensor
+    ) -> Tensor:
+        """[B] per episode, or [B, L-1] per token (L: the longest trajectory), computed from the
+        groups that train (`groups` [G] bool) alone and 0 elsewhere: an estimator that
+        normalises over the batch normalises over what trains, not over groups dropped after."""
         ...
 
 
@@ -79,8 +83,14 @@ class OutcomeCredit:
     def signal(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
         return self.estimator.signal(rewards, weights, group_size)  # [G]
 
-    def advantages(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
-        return self.estimator.advantages(rewards, weights, group_size).float()  # [B]
+    def advantages(
+        self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int, groups: Tensor
+    ) -> Tensor:
+        rows = expand_group_mask(groups, group_size)  # [B]: whole groups, in order
+        out = torch.zeros(len(trajectories))  # [B]
+        if rows.any():
+            out[rows] = self.estimator.advantages(rewards[rows], weights, group_size).float()
+        return out
 
 
 @dataclass(frozen=True)
@@ -102,12 +112,17 @@ class TurnCredit:
     def signal(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
         return varied_returns(self.per_turn(trajectories, rewards, weights), group_size, self.gamma)  # [G]
 
-    def advantages(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+    def advantages(
+        self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int, groups: Tensor
+    ) -> Tensor:
+        """Normalised within each group, so the groups that do not train change nothing; they get 0."""
         values = turn_advantages(self.per_turn(trajectories, rewards, weights), group_size, self.gamma)
+        training = expand_group_mask(groups, group_size).tolist()  # [B]
         width = max(len(t.token_ids) for t in trajectories)
         rows = torch.zeros(len(trajectories), width)  # [B, L]
-        for row, (t, v) in enumerate(zip(trajectories, values)):
-            rows[row, : len(t.token_ids)] = broadcast_turns(v, t.turn_spans, len(t.token_ids))
+        for row, (t, v, trains) in enumerate(zip(trajectories, values, training)):
+            if trains:
+                rows[row, : len(t.token_ids)] = broadcast_turns(v, t.turn_spans, len(t.token_ids))
         return rows[:, 1:]  # [B, L-1]: position t predicts token t+1, as TokenBatch.targets
 
 

@@ -574,7 +574,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             check_dropped(trajectories, step, world.main)
 
             # 2. Rewards -> advantages (per episode, or per token with turn credit); the filters.
-            advantages = credit.advantages(trajectories, sampled.rewards, sampled.weights, rl.group_size)  # [B] or [B, L-1]
+            advantages = credit.advantages(trajectories, sampled.rewards, sampled.weights, rl.group_size, sampled.groups)  # [B] or [B, L-1]
             keep = update_mask(trajectories, sampled.groups, sampled.usable, rl.group_size, filters)  # [B]
 
             # 3. Policy-gradient steps on the kept episodes' sampled tokens: update_passes passes over
