@@ -15,7 +15,7 @@ import torch
 
 from toolpolicy.checks import checked, env_options
 from toolpolicy.config import (
-    BackendSection, Config, ConfigError, EnvSection, GateSection, ModelSection, RewardsSection, RolloutSection, changed_fields, read_config,
+    BackendSection, Config, ConfigError, EnvSection, GateSection, ModelSection, RewardsSection, RolloutSection, changed_fields, config_source, read_config,
     save_config,
 )
 from toolpolicy.envs import Env, hotel, make_env, user_factory
@@ -34,10 +34,7 @@ from toolpolicy.rollout.vllm_server import EndpointBackend, RolloutServerError
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """The config of the YAML file `path` (None: the defaults) with `--set` overrides, typed
     (`read_config`) and checked (`toolpolicy.checks.checked`): what every command runs on."""
-    source = "defaults" if path is None else str(path)
-    if overrides:
-        source += " with --set " + " ".join(overrides)
-    return checked(read_config(path, overrides), source)
+    return checked(read_config(path, overrides), config_source(path, overrides))
 
 
 def load_run_config(run_dir: str | Path, overrides: list[str] = (), override: bool = False) -> Config:

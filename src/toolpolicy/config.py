@@ -660,14 +660,18 @@ def _resolve_inputs(data: dict[str, Any], config_file: Path) -> None:
             data[section][field] = found_path(value, config_file)
 
 
+def config_source(path: str | Path | None, overrides: list[str] = ()) -> str:
+    """What a config's errors name: the file (or "defaults") and the `--set` overrides on it."""
+    source = "defaults" if path is None else str(path)
+    return source + (" with --set " + " ".join(overrides) if overrides else "")
+
+
 def read_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Read a YAML config (or the defaults when `path` is None), apply `--set` overrides and
     type every section. The algorithm preset, names and rules across fields are
     `toolpolicy.checks.checked` (`toolpolicy.build.load_config` runs both)."""
     data: dict[str, Any] = {}
-    source = "defaults"
     if path is not None:
-        source = str(path)
         try:
             text = Path(path).read_text()
         except OSError as exc:
@@ -678,8 +682,7 @@ def read_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
         data = _sections_of(loaded, Path(path))
         _resolve_inputs(data, Path(path))
-    if overrides:
-        source += " with --set " + " ".join(overrides)
+    source = config_source(path, overrides)
     for key, value in parse_overrides(list(overrides)).items():
         _set(data, key, value, source)
     if isinstance(data.get("backend"), dict):
