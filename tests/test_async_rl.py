@@ -47,7 +47,7 @@ def test_a_step_samples_from_the_weights_one_update_behind(one_behind: Path):
     # Step 3 (index 2) again, synchronously, from the checkpoint after step 1: the same episodes.
     cfg = load_config(SMOKE, [*RUN, f"run.dir={one_behind / 'replay'}"])
     policy = load_policy_model(cfg.model, one_behind / "rl" / "checkpoints" / "step_000001")
-    engine = open_engine(cfg, policy, torch.Generator().manual_seed(cfg.run.seed), one_behind / "replay", "", None, False)
+    engine = open_engine(cfg, policy, torch.Generator().manual_seed(cfg.run.seed), one_behind / "replay", "", {})
     pool = LocalRollouts(engine, build_rubric(cfg.rewards, engine.env.default_rewards), World())
     _, credit, _ = algorithm_of(cfg.algorithm)
     sampling = Sampling(cfg.rl.prompts_per_step, cfg.rl.group_size, False, 0, cfg.run.seed, episode_streams=True)
@@ -59,7 +59,7 @@ def test_a_step_samples_from_the_weights_one_update_behind(one_behind: Path):
         assert rows[2][key] == expected[key], key
     # ... and not the ones the weights after step 2 draw: the lag is real.
     fresh = load_policy_model(cfg.model, one_behind / "rl" / "checkpoints" / "step_000002")
-    engine = open_engine(cfg, fresh, torch.Generator().manual_seed(cfg.run.seed), one_behind / "replay2", "", None, False)
+    engine = open_engine(cfg, fresh, torch.Generator().manual_seed(cfg.run.seed), one_behind / "replay2", "", {})
     pool = LocalRollouts(engine, build_rubric(cfg.rewards, engine.env.default_rewards), World())
     other = sample_groups(pool, pool.rubric, credit, sampling, 2)
     pool.close()
@@ -91,7 +91,7 @@ def test_the_sampler_thread_sees_updates_only_through_sync(tmp_path: Path):
     cfg = load_config(SMOKE, [*RUN, f"run.dir={tmp_path}"])
     trainer = load_policy_model(cfg.model, CALC_SFT)
     sampling_policy = replace(trainer, model=copy.deepcopy(trainer.model).eval())
-    engine = open_engine(cfg, sampling_policy, torch.Generator(), tmp_path, "", None, False)
+    engine = open_engine(cfg, sampling_policy, torch.Generator(), tmp_path, "", {})
     pool = LocalRollouts(engine, build_rubric(cfg.rewards, engine.env.default_rewards), World(), sampling_policy.model)
     tasks = [t for t in engine.env.tasks("train", 4, seed=3) for _ in range(4)]
     seeds = list(range(16))
@@ -103,7 +103,7 @@ def test_the_sampler_thread_sees_updates_only_through_sync(tmp_path: Path):
     after = pool.submit(tasks, seeds, 4)
     unchanged, changed = before(), after()
     pool.close()
-    reference_engine = open_engine(cfg, load_policy_model(cfg.model, CALC_SFT), torch.Generator(), tmp_path / "ref", "", None, False)
+    reference_engine = open_engine(cfg, load_policy_model(cfg.model, CALC_SFT), torch.Generator(), tmp_path / "ref", "", {})
     reference = reference_engine.run(tasks, seeds=seeds)
     reference_engine.close()
     assert [t.token_ids for t, _ in unchanged] == [t.token_ids for t in reference]

@@ -515,3 +515,26 @@ def test_audit_keygen_writes_a_usable_pair_and_never_overwrites(tmp_path: Path, 
     before = private.read_bytes()
     assert main(["audit", "keygen", str(private), str(public)]) == 2
     assert "exists" in capsys.readouterr().err and private.read_bytes() == before
+
+
+def test_a_log_restores_its_own_state_and_refuses_another_logs(tmp_path: Path) -> None:
+    """A checkpoint keeps `AuditLog.state()`; `restore` cuts the log back to it, and refuses a
+    log at that path that is not the one the state was taken of (another id, or the record
+    at that seq rewritten by another chain)."""
+    log = tmp_path / "audit.jsonl"
+    write_log(log, 3)
+    with AuditLog(log, durable=False) as opened:
+        state = opened.state()
+    assert state == {"seq": 3, "log_id": opened.log_id, "hash": opened.last_hash}
+    write_log(log, 4)  # steps after the checkpoint
+    assert AuditLog.restore(log, state) is not None
+    result = verify(log)
+    assert result.ok and result.records == 3 and result.last_hash == state["hash"], str(result)
+
+    other = tmp_path / "other.jsonl"
+    write_log(other, 5)
+    with pytest.raises(AuditError, match="the checkpoint was taken of log"):
+        AuditLog.restore(other, state)
+    with pytest.raises(AuditError, match="its hash differs"):
+        AuditLog.restore(other, {**state, "log_id": None})
+    assert verify(other).records == 5  # refused before anything moved

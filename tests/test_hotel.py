@@ -59,13 +59,13 @@ def verify_turn(task: Task) -> Message:
     return calls("verify", guest=info["guest"], surname=info["last_name"], year=info["birth_year"])
 
 
-def run(env: HotelEnv, tasks: list[Task], scripts: list[list[Message]], gate: bool, limits: EpisodeLimits = LIMITS,
-        enforce: bool = True) -> list[Episode]:
-    """Replay scripted assistant turns through the real engine, with or without the hotel gate
-    (enforce=False: the gate in shadow mode, deciding every call but running denied ones)."""
+def run(env: HotelEnv, tasks: list[Task], scripts: list[list[Message]], gate: str, limits: EpisodeLimits = LIMITS) -> list[Episode]:
+    """Replay scripted assistant turns through the real engine with the hotel policy's gate
+    enforcing ("on"), in shadow mode ("shadow": deciding every call but running the denied
+    ones), or with no policy ("none": the engine's allow-all gate)."""
     encode, decode = char_codec()
     backend = ScriptedBackend(dict(enumerate(scripts)), TEMPLATE.render_assistant, encode)
-    hotel_gate = Gate(env.policy, env.tools, enforce=enforce) if gate else None
+    hotel_gate = Gate(env.policy, env.tools, enforce=gate == "on") if gate != "none" else None
     with RolloutEngine(env, TEMPLATE, encode, decode, backend, limits, hotel_gate) as engine:
         return [t.episode for t in engine.run(tasks)]
 
@@ -314,11 +314,11 @@ def test_compliant_success_refusal_blocked_violation_and_wrong_write(env, train_
          says(f"{wrong_booking} is cancelled.")],
     ]
     tasks = [cancel, late, late, ambiguous]
-    gated, open_ = run(env, tasks, scripts, gate=True), run(env, tasks, scripts, gate=False)
+    gated, shadow = run(env, tasks, scripts, gate="on"), run(env, tasks, scripts, gate="shadow")
 
     success, refusal, blocked, wrong = gated
     assert success.outcome["goal_reached"] and task_success(success) == 1.0 and success.outcome["writes"] == 1
-    assert refusal.outcome == {**refusal.outcome, "goal_reached": True, "writes": 0, "violations": 0}
+    assert refusal.outcome == {**refusal.outcome, "goal_reached": True, "writes": 0} and policy_violation(refusal) == 0
     assert task_success(refusal) == 1.0
     assert blocked.denials_by_rule() == {"free-cancel-window": 1}
     assert blocked.outcome["goal_reached"]  # the gate kept the database right...
@@ -326,13 +326,13 @@ def test_compliant_success_refusal_blocked_violation_and_wrong_write(env, train_
     assert policy_violation(blocked) == 1.0 and violations_run(blocked) == 0.0  # attempted, never ran
     assert not wrong.outcome["goal_reached"] and wrong_state_writes(wrong) == 1.0 and policy_violation(wrong) == 0.0
 
-    success, refusal, ran, wrong = open_
+    success, refusal, ran, wrong = shadow
     assert task_success(success) == task_success(refusal) == 1.0
-    assert ran.count("gate_deny") == 0 and ran.outcome["violations"] == 1
-    assert ran.outcome["violation_rules"] == {"free-cancel-window": 1}
+    assert ran.count("gate_deny") == 0 and violations_run(ran) == 1
+    assert ran.denials_by_rule() == {"free-cancel-window": 1}
     assert policy_violation(ran) == violations_run(ran) == 1.0 and not ran.outcome["goal_reached"] and goal_state(ran) == 0.0
     assert ran.outcome["wrong_writes"] == 0  # a violating write is counted as a violation, not twice
-    assert wrong.outcome["wrong_writes"] == 1 and wrong.outcome["violations"] == 0
+    assert wrong.outcome["wrong_writes"] == 1 and policy_violation(wrong) == 0
     assert wrong.outcome["wrong_write_calls"] == [f"cancel(booking={wrong_booking})"]
 
 
@@ -340,13 +340,35 @@ def test_skipping_verification_is_a_violation_with_the_gate_off_too(env, train_t
     task = task_of(train_tasks, "refund")
     booking, amount = task.info["booking"], task.info["amount"]
     script = [calls("read", booking=booking), calls("refund", booking=booking, amount=amount), says(f"Refunded {amount}.")]
-    (gated,), (ungated,) = run(env, [task], [script], gate=True), run(env, [task], [script], gate=False)
+    (gated,), (ungated,) = run(env, [task], [script], gate="on"), run(env, [task], [script], gate="shadow")
     # gated, the read was denied too, so the refund also lacks the booking's facts
     assert gated.denials_by_rule() == {"verify-first": 2, "read-before-write": 1} and not gated.outcome["goal_reached"]
-    assert ungated.outcome["goal_reached"] and ungated.outcome["violation_rules"] == {"verify-first": 2}
+    assert ungated.outcome["goal_reached"] and ungated.denials_by_rule() == {"verify-first": 2}
     assert policy_violation(gated) == policy_violation(ungated) == 2.0
     rubric = Rubric.from_weights(env.default_rewards)
     assert rubric.score(ungated).total == pytest.approx(1.0 - 0.5)  # right state, but rules broken
+
+
+def test_the_engine_gate_is_the_only_judge(env, train_tasks, tmp_path):
+    """One gate per episode: with `gate.policy` naming another policy, a late cancellation
+    that the hotel's own policy forbids is judged by that policy alone, in shadow mode too,
+    and the session keeps no count of its own."""
+    task = task_of(train_tasks, "cancel_late")
+    booking = task.info["booking"]
+    script = [verify_turn(task), calls("read", booking=booking), calls("cancel", booking=booking), says("Cancelled.")]
+    lenient = tmp_path / "lenient.yaml"
+    lenient.write_text("default: allow\nrules:\n  - {id: no-messages, effect: forbid, tools: [message], reason: no.}\n")
+    encode, decode = char_codec()
+    for enforce in (True, False):
+        gate = Gate(Policy.load(lenient), env.tools, enforce=enforce)
+        backend = ScriptedBackend({0: script}, TEMPLATE.render_assistant, encode)
+        with RolloutEngine(env, TEMPLATE, encode, decode, backend, LIMITS, gate) as engine:
+            (episode,) = [t.episode for t in engine.run([task])]
+        assert policy_violation(episode) == 0.0 and episode.denials_by_rule() == {}
+        assert "violations" not in episode.outcome and episode.outcome["writes"] == 1
+        assert episode.outcome["wrong_writes"] == 1  # allowed by this policy, not the reference's write
+    (shadow,) = run(env, [task], [script], gate="shadow")  # the hotel's own policy forbids it
+    assert shadow.denials_by_rule() == {"free-cancel-window": 1} and shadow.outcome["wrong_writes"] == 0
 
 
 def test_a_write_before_verification_is_denied_and_counted_with_the_gate_on(env, train_tasks):
@@ -358,7 +380,7 @@ def test_a_write_before_verification_is_denied_and_counted_with_the_gate_on(env,
     assert task.info["goal_hash"] == canonical_hash(seed_database(task.info["db_seed"]))
     script = [calls("cancel", booking=booking), says("Sorry, I cannot cancel it.")]  # no verify, no read
 
-    (episode,) = run(env, [task], [script], gate=True)
+    (episode,) = run(env, [task], [script], gate="on")
     denial = Gate(env.policy, env.tools).evaluate(ToolCall("cancel", {"booking": booking}), Ledger())
     assert denial.rule_ids == ("verify-first", "read-before-write")
     assert [e.kind for e in episode.events] == ["gate_deny"]  # no tool_call event: nothing ran
@@ -371,7 +393,7 @@ def test_a_write_before_verification_is_denied_and_counted_with_the_gate_on(env,
     assert policy_violation(episode) == 1.0 and violations_run(episode) == 0.0
 
     # the same episode with the gate in shadow mode: decided the same, counted, and run
-    (shadow,) = run(env, [task], [script], gate=True, enforce=False)
+    (shadow,) = run(env, [task], [script], gate="shadow")
     assert [e.kind for e in shadow.events] == ["violation", "tool_call"]
     assert shadow.denials_by_rule() == {"verify-first": 1, "read-before-write": 1}
     assert [m.content for m in shadow.messages if m.role == "tool"][0].startswith(f"cancelled {booking}, refunded ")
@@ -385,14 +407,14 @@ def test_a_bug_inside_a_hotel_tool_is_an_infra_error_not_a_failure(env, train_ta
     task = task_of(train_tasks, "cancel")
     booking = task.info["booking"]
     bad_id = [verify_turn(task), calls("read", booking="B1"), says("Sorry.")]  # no gate: B1 reaches the tool
-    (model_fault,) = run(env, [task], [bad_id], gate=False)
+    (model_fault,) = run(env, [task], [bad_id], gate="none")
     assert model_fault.infra_error is None and [e.kind for e in model_fault.events] == ["tool_call", "tool_error"]
 
     def booking_line(connection, booking_id):
         raise AttributeError("'NoneType' object has no attribute 'status'")
 
     monkeypatch.setattr("toolpolicy.envs.hotel.tools.booking_line", booking_line)
-    (broken,) = run(env, [task], [[verify_turn(task), calls("read", booking=booking), says("Done.")]], gate=False)
+    (broken,) = run(env, [task], [[verify_turn(task), calls("read", booking=booking), says("Done.")]], gate="none")
     assert broken.infra_error is not None and broken.infra_error.startswith("tool 'read' raised AttributeError: ")
     summary = summarize([ScoredEpisode.from_episode(e, task_success(e) == 1.0, 0) for e in (model_fault, broken)])
     assert summary["infra_errors"] == 1 and summary["n"] == 1 and summary["accuracy"] == 0.0
@@ -401,14 +423,14 @@ def test_a_bug_inside_a_hotel_tool_is_an_infra_error_not_a_failure(env, train_ta
 def test_hitting_the_turn_limit_scores_zero(env, train_tasks):
     task = task_of(train_tasks, "cancel")
     script = [verify_turn(task), calls("read", booking=task.info["booking"]), calls("cancel", booking=task.info["booking"])]
-    (episode,) = run(env, [task], [script], gate=True, limits=EpisodeLimits(max_turns=3, max_tokens=6000, max_turn_tokens=400))
+    (episode,) = run(env, [task], [script], gate="on", limits=EpisodeLimits(max_turns=3, max_tokens=6000, max_turn_tokens=400))
     assert episode.truncated and episode.outcome["goal_reached"] and task_success(episode) == 0.0
 
 
 # ---- end to end with the expert and the scripted guest --------------------------------
 
 
-@pytest.mark.parametrize("gate", [True, False])
+@pytest.mark.parametrize("gate", ["on", "shadow"])
 def test_smoke_expert_dialogues_reach_every_goal(env, gate):
     tasks = env.tasks("eval", 40, seed=3)
     rng = random.Random(0)
@@ -416,7 +438,7 @@ def test_smoke_expert_dialogues_reach_every_goal(env, gate):
     episodes = run(env, tasks, scripts, gate=gate)
     rubric = Rubric.from_weights(env.default_rewards)
     assert [task_success(e) for e in episodes] == [1.0] * len(tasks)
-    assert all(rubric.score(e).total == 1.0 and e.outcome["violations"] == 0 for e in episodes)
+    assert all(rubric.score(e).total == 1.0 and policy_violation(e) == 0 for e in episodes)
     asked = [e for e in episodes if e.task.info["identity"] == "asked" or e.task.info["category"] == "ambiguous"]
     assert asked and all(sum(m.role == "user" for m in e.messages) >= 2 for e in asked)  # the guest answered
 
@@ -425,21 +447,21 @@ def test_smoke_imperfect_expert_breaks_the_policy_and_the_gate_catches_it(env):
     tasks = env.tasks("train", 60, seed=4)
     style = ExpertStyle(violation=0.5, guess=0.3)
     scripts = [env.expert_turns(t, random.Random(i), style) for i, t in enumerate(tasks)]
-    gated, ungated = run(env, tasks, scripts, gate=True), run(env, tasks, scripts, gate=False)
+    gated, ungated = run(env, tasks, scripts, gate="on"), run(env, tasks, scripts, gate="shadow")
     broken = [policy_violation(e) for e in ungated]
-    assert sum(broken) > 10 and sum(e.outcome["violations"] for e in gated) == 0
+    assert sum(broken) > 10 and sum(violations_run(e) for e in gated) == 0
     assert [policy_violation(e) > 0 for e in gated] == [b > 0 for b in broken]
     assert sum(task_success(e) for e in gated) < len(tasks)
     for e in ungated:  # a forbidden request carried out leaves the database off the goal
         if e.task.info["category"] == "forbidden" and e.outcome["writes"]:
-            assert not e.outcome["goal_reached"] and e.outcome["violations"] >= 1
+            assert not e.outcome["goal_reached"] and violations_run(e) >= 1
 
 
 def test_expert_slips_on_a_namesake_and_recovers_by_asking(env):
     tasks = [t for t in env.tasks("train", 80, seed=6) if t.info["identity"] == "by_name"]
     scripts = [env.expert_turns(t, random.Random(i), ExpertStyle(violation=0.0, guess=0.0, slip=1.0))
                for i, t in enumerate(tasks)]
-    episodes = run(env, tasks, scripts, gate=True)
+    episodes = run(env, tasks, scripts, gate="on")
     assert tasks and [task_success(e) for e in episodes] == [1.0] * len(tasks)
     for task, episode in zip(tasks, episodes):
         verified = [m.content for m in episode.messages if m.role == "tool" and "verified" in m.content]
@@ -459,8 +481,8 @@ def test_expert_breaks_a_rule_on_every_task_when_told_to(env):
     tasks = env.tasks("train", 60, seed=5)
     assert any(t.info["kind"] == "handoff" for t in tasks)  # a handoff without verification is a break too
     scripts = [env.expert_turns(t, random.Random(i), ExpertStyle(violation=1.0, guess=0.0)) for i, t in enumerate(tasks)]
-    episodes = run(env, tasks, scripts, gate=False)
-    assert all(e.outcome["violations"] >= 1 for e in episodes)
+    episodes = run(env, tasks, scripts, gate="shadow")
+    assert all(violations_run(e) >= 1 for e in episodes)
     assert all(not e.outcome["goal_reached"] for e in episodes if e.task.info["category"] == "forbidden")
 
 
@@ -474,7 +496,7 @@ def test_a_different_user_plugs_in_through_the_user_protocol(train_tasks):
 
     env = HotelEnv(user=Terse)
     task = task_of(train_tasks, "cancel", identity="asked")
-    (episode,) = run(env, [task], [[says("Who are you?"), says("Bye.")]], gate=True)
+    (episode,) = run(env, [task], [[says("Who are you?"), says("Bye.")]], gate="on")
     assert [m.content for m in episode.messages if m.role == "user"][1] == f"I am {task.info['guest']}."
     assert "guest id" in scenario_text(task) and task.info["booking"] in scenario_text(task)
 

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from toolpolicy.cli import main
 from toolpolicy.gate import verify
 from toolpolicy.model.files import CheckpointError
-from toolpolicy.trainer.checkpoint import STATE_FILE, checkpoint_dirs, latest_checkpoint, resume_from, save_checkpoint
+from toolpolicy.trainer.checkpoint import STATE_FILE, checkpoint_dirs, latest_checkpoint, older_rollout_state, resume_from, save_checkpoint
 
 from conftest import SMOKE
 from test_bad_files import cut, damage_pickle
@@ -32,6 +32,9 @@ KILLERS = {
     "rl-mid-rollout": ("toolpolicy.rollout.backends", "HFBackend.generate", 2, ("toolpolicy.rollout.engine", "RolloutEngine.run", 3)),
     # RL step 3, mid-update: a micro-batch's loss was computed, no optimizer step taken.
     "rl-mid-update": ("toolpolicy.algorithms.algorithm", "Algorithm.objective", 1, ("toolpolicy.rollout.engine", "RolloutEngine.run", 3)),
+    # RL step 2, mid-rollout, before any checkpoint: the resume starts over from the state
+    # the audit log had when RL began (rl/rollout_start.json).
+    "rl-before-a-checkpoint": ("toolpolicy.rollout.backends", "HFBackend.generate", 2, ("toolpolicy.rollout.engine", "RolloutEngine.run", 2)),
     # right after the checkpoint of step 2 was written.
     "rl-after-checkpoint": ("toolpolicy.trainer.rl", "save_checkpoint", 1, None),
     # SFT step 5, mid-update.
@@ -123,7 +126,7 @@ def straight_rl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("killer", ["rl-mid-rollout", "rl-mid-update", "rl-after-checkpoint"])
+@pytest.mark.parametrize("killer", ["rl-mid-rollout", "rl-mid-update", "rl-after-checkpoint", "rl-before-a-checkpoint"])
 def test_killed_rl_resumes_exactly_and_audits_each_decision_once(killer: str, straight_rl: Path, tmp_path: Path):
     run_dir = tmp_path / "killed"
     _kill_then_resume(killer, ["train", str(SMOKE), *RL], run_dir)
@@ -136,11 +139,17 @@ def test_killed_rl_resumes_exactly_and_audits_each_decision_once(killer: str, st
     replayed = run_dir / "audit.jsonl.replayed"
     if killer == "rl-after-checkpoint":  # nothing was decided after the checkpoint
         assert not replayed.exists()
+    elif killer == "rl-before-a-checkpoint":  # every decision of steps 1 and 2 was cut: RL began at record 0
+        cut = replayed.read_text().splitlines()
+        assert json.loads(cut[0]) == {"rewound_to_seq": 0} and json.loads(cut[1])["seq"] == 1
+        assert json.loads((run_dir / "rl" / "rollout_start.json").read_text())["audit.jsonl"]["seq"] == 0
     else:  # the killed step's decisions were cut from the chain, and kept aside
         checkpoint = torch.load(run_dir / "rl" / "checkpoints" / "step_000002" / "trainer_state.pt", weights_only=True)
+        saved = checkpoint["rollouts"]["audit.jsonl"]  # the log's own state, as AuditLog.state() gave it
+        assert saved["log_id"] == json.loads((run_dir / "audit.jsonl").read_text().splitlines()[0])["log_id"]
         cut = replayed.read_text().splitlines()
-        assert json.loads(cut[0]) == {"rewound_to_seq": checkpoint["audit_seq"]} and len(cut) > 1
-        assert json.loads(cut[1])["seq"] == checkpoint["audit_seq"] + 1
+        assert json.loads(cut[0]) == {"rewound_to_seq": saved["seq"]} and len(cut) > 1
+        assert json.loads(cut[1])["seq"] == saved["seq"] + 1
 
 
 SFT = ["--set", "sft.steps=6", "--set", "run.checkpoint_every=2", "--set", "sft.examples=64", "--set", "embedded.tokenizer_texts=50"]
@@ -245,3 +254,13 @@ def test_resume_with_every_checkpoint_damaged_is_a_one_line_error(straight_rl: P
         f"toolpolicy train: error: {run_dir / 'rl' / 'checkpoints'}: no checkpoint left to resume from, all 2 are "
         "damaged (the warnings above say how); run again without --resume to start this phase over"
     )
+
+
+def test_a_checkpoint_from_before_rollout_states_names_each_log():
+    """Checkpoints written before the pool kept its logs' states held their last records by
+    rank; a resume reads them as the states of the logs torchrun ranks and Ray workers write."""
+    two_ranks = older_rollout_state({"audit_seq": 7, "audit_seqs": [7, 5]})
+    assert two_ranks["audit.jsonl"] == {"seq": 7} and two_ranks["audit.rank1.jsonl"] == {"seq": 5}
+    assert two_ranks["audit.worker0.jsonl"] == {"seq": 7} and two_ranks["audit.worker1.jsonl"] == {"seq": 5}
+    assert older_rollout_state({"audit_seq": 3}) == {"audit.jsonl": {"seq": 3}, "audit.worker0.jsonl": {"seq": 3}}
+    assert older_rollout_state({"audit_seq": None}) == {}

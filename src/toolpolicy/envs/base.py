@@ -12,6 +12,11 @@ that episode's copy of the state, the user's replies, and at the end an outcome
 from `Episode.outcome`. Environments without one share `env.tools` across
 episodes (`open_session` wraps them).
 
+The engine's gate is the only judge of a call. A session that needs to know what it
+decided (hotel counts a write the policy forbade, run in shadow mode, as a violation and
+not also as a wrong write) defines `run_admitted(call, decision)`: the engine then runs
+every admitted call through it instead of `session.tools.call`.
+
 A session (or an environment without one) that sets `single_turn = True` ends the episode
 after the model's first assistant turn, whether it called tools or not: its calls are
 gated and counted (`tool_call`, `invalid_call` events) but their observations are never
@@ -23,10 +28,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from toolpolicy.tools import ToolSet
-from toolpolicy.types import Message, Task, ToolSpec
+from toolpolicy.types import Message, Task, ToolCall, ToolResult, ToolSpec
+
+if TYPE_CHECKING:
+    from toolpolicy.gate import Decision
 
 
 class Env(Protocol):
@@ -86,6 +94,13 @@ def open_session(env: Env, task: Task) -> Session:
     """The environment's own session for `task` if it has per-episode state, else a shared one."""
     make = getattr(env, "session", None)
     return make(task) if make is not None else SharedSession(env, task)
+
+
+def run_admitted(session: Session, call: ToolCall, decision: Decision) -> ToolResult:
+    """Run a call the gate admitted: through the session's `run_admitted` if it has one
+    (it learns the gate's decision: allowed, or denied in shadow mode), else its tools."""
+    run = getattr(session, "run_admitted", None)
+    return run(call, decision) if run is not None else session.tools.call(call)
 
 
 def listed_specs(env: Env, task: Task) -> list[ToolSpec]:

@@ -264,6 +264,19 @@ class AuditLog:
     def last_seq(self) -> int:
         return self._seq
 
+    def state(self) -> dict[str, Any]:
+        """Where the log ends now, for a checkpoint: {"seq", "log_id", "hash"} (plain values).
+        `AuditLog.restore(path, state)` cuts the log back to it before a resumed run reopens it."""
+        return {"seq": self._seq, "log_id": self.log_id, "hash": self._prev}
+
+    @staticmethod
+    def restore(path: str | Path, state: dict[str, Any], signing_key: str | Path | Ed25519PrivateKey | None = None) -> Path | None:
+        """Cut the log at `path` back to `state` (from `state()`): the records after it belong
+        to steps a resumed run takes again (see `rewind_audit_log`, which this is, checking also
+        that the log is the one the state was taken from: its id and the hash at that record).
+        Call it while no process has the log open. Returns the `.replayed` file, or None."""
+        return rewind_audit_log(path, int(state["seq"]), signing_key, log_id=state.get("log_id"), last_hash=state.get("hash"))
+
     @property
     def last_hash(self) -> str:
         return self._prev
@@ -385,7 +398,14 @@ def _signing_problem(signed: bool, key: object | None) -> str | None:
     return None
 
 
-def rewind_audit_log(path: str | Path, seq: int, signing_key: str | Path | Ed25519PrivateKey | None = None) -> Path | None:
+def rewind_audit_log(
+    path: str | Path,
+    seq: int,
+    signing_key: str | Path | Ed25519PrivateKey | None = None,
+    *,
+    log_id: str | None = None,
+    last_hash: str | None = None,
+) -> Path | None:
     """Cut the log back to its first `seq` records, for a run that resumes from a checkpoint
     taken when the log ended at `seq`: the decisions after it belong to steps the run will
     take again, and must not stand twice in the chain.
@@ -401,6 +421,8 @@ def rewind_audit_log(path: str | Path, seq: int, signing_key: str | Path | Ed255
     only afterwards).
 
     A rewind is a rollback: a saved head (see `verify`) taken after `seq` reports it.
+    `log_id` and `last_hash`, when given, must be the log's id and the hash of its record
+    `seq` (AuditError otherwise: another log stands at `path`).
     """
     path = Path(path)
     key = load_private_key(signing_key) if isinstance(signing_key, (str, Path)) else signing_key
@@ -418,9 +440,13 @@ def rewind_audit_log(path: str | Path, seq: int, signing_key: str | Path | Ed255
     if last is not None and last.get("seq") != seq:
         raise AuditError(f"{path}: record {seq} has seq {last.get('seq')}; run `toolpolicy audit verify`")
     first_cut = json.loads(cut[0]) if cut and cut[0].endswith(b"\n") else {}
-    log_id = last.get("log_id") if last else head.log_id if head else first_cut.get("log_id")
+    expected_id, log_id = log_id, last.get("log_id") if last else head.log_id if head else first_cut.get("log_id")
     if log_id is None and (kept or first_cut):
         raise AuditError(f"{path}: its records have no log id (an older format); start a new log")
+    if expected_id is not None and log_id is not None and log_id != expected_id:
+        raise AuditError(f"{path}: log id {log_id}, but the checkpoint was taken of log {expected_id}")
+    if last_hash is not None and (last["hash"] if last else ZERO_HASH) != last_hash:
+        raise AuditError(f"{path}: record {seq} is not the one the checkpoint saw (its hash differs)")
     if log_id is None:  # nothing was ever logged
         return None
     signed = "sig" in last if last else head.sig is not None if head else "sig" in first_cut

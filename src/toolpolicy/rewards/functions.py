@@ -127,10 +127,9 @@ def tool_error_count(episode: Episode) -> float:
 
 def policy_violation(episode: Episode) -> float:
     """Calls that broke the policy (give it a negative weight to penalise them): those the
-    gate denied, plus those that ran although the policy forbids them. The latter come from
-    the environment when it checks its own policy (`outcome["violations"]`, e.g. the hotel
-    session) and otherwise from the gate in shadow mode (`violation` events), so the same
-    behaviour counts the same with the gate on or off, and nothing is counted twice.
+    engine's gate denied, plus those it would have denied that ran anyway (in shadow mode,
+    its `violation` events). The gate is the one judge, so the same behaviour counts the
+    same with the gate enforcing or in shadow mode, and nothing is counted twice.
 
     Only policy denials count: a call to an unknown tool or with arguments that break
     the schema is an `invalid_call`, which `invalid_call_count` covers.
@@ -139,10 +138,9 @@ def policy_violation(episode: Episode) -> float:
 
 
 def violations_run(episode: Episode) -> float:
-    """Calls that ran although the policy forbids them: the environment's own count
-    (`outcome["violations"]`) where it checks its policy, else the shadow gate's
-    `violation` events. Zero whenever an enforcing gate saw every call."""
-    return float(episode.outcome["violations"] if "violations" in episode.outcome else episode.count("violation"))
+    """Calls that ran although the policy forbids them: the shadow gate's `violation`
+    events. Zero whenever an enforcing gate saw every call."""
+    return float(episode.count("violation"))
 
 
 # ---- stateful environments (hotel): scored on the session's outcome -------------------

@@ -229,7 +229,7 @@ class ChatEngine(GatedLoop):
             episode.messages.append(Message("assistant", parsed.content, parsed.tool_calls))
             truncate(episode, turn, "max_turn_tokens")
             return False
-        acted = act(parsed, parsed.content, session.tools, self.gate, rollout.ledger, turn)
+        acted = act(parsed, parsed.content, session, self.gate, rollout.ledger, turn)
         observations = record_turn(episode, session, *acted)
         if observations is None:
             return False

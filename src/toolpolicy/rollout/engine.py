@@ -25,12 +25,11 @@ from tqdm.auto import tqdm
 from typing_extensions import Self
 
 from toolpolicy.chat import ChatTemplate, ParsedTurn, cut_at_stop
-from toolpolicy.envs.base import Env, Session, listed_specs, open_session
+from toolpolicy.envs.base import Env, Session, listed_specs, open_session, run_admitted
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
 from toolpolicy.rollout.dropped import tool_failure
 from toolpolicy.rollout.trajectory import Trajectory
-from toolpolicy.tools import ToolSet
 from toolpolicy.types import Episode, Event, Message, Task
 
 Encode = Callable[[str], list[int]]
@@ -60,7 +59,7 @@ class EpisodeLimits:
 
 
 def observe(
-    text: str, chat: ChatTemplate, tools: ToolSet, gate: Gate, ledger: Ledger, turn: int, max_call_chars: int
+    text: str, chat: ChatTemplate, session: Session, gate: Gate, ledger: Ledger, turn: int, max_call_chars: int
 ) -> tuple[Message, list[Message], list[Event], str | None]:
     """Parse one assistant turn, gate its calls and run the allowed ones.
 
@@ -71,13 +70,13 @@ def observe(
     """
     parsed = chat.parse(text, max_call_chars)
     shown = cut_at_stop(text, chat.stops).strip() if parsed.errors else parsed.content
-    return act(parsed, shown, tools, gate, ledger, turn)
+    return act(parsed, shown, session, gate, ledger, turn)
 
 
 def act(
-    parsed: ParsedTurn, shown: str, tools: ToolSet, gate: Gate, ledger: Ledger, turn: int
+    parsed: ParsedTurn, shown: str, session: Session, gate: Gate, ledger: Ledger, turn: int
 ) -> tuple[Message, list[Message], list[Event], str | None]:
-    """Gate a decoded turn's calls and run the admitted ones (see `observe`).
+    """Gate a decoded turn's calls and run the admitted ones in `session` (see `observe`).
 
     `shown` is the assistant text to record. Backends that return calls already
     decoded (chat-completions endpoints) start here.
@@ -102,7 +101,7 @@ def act(
             continue
         if not admission.decision.allowed:  # shadow mode: counted, then run as if there were no gate
             events.append(Event("violation", turn, rules))
-        result = tools.call(call)
+        result = run_admitted(session, call, admission.decision)
         settle(ledger, call, result.ok, result.facts)
         observations.append(Message("tool", gate.redact(result.content), name=call.name, tool_call_id=call.id))
         if result.ok:
@@ -329,7 +328,7 @@ class RolloutEngine(GatedLoop):
             truncate(episode, turn, "max_turn_tokens" if generation.ids else "max_tokens")
             return None
         return record_turn(
-            episode, session, *observe(text, self.template, session.tools, self.gate, ledger, turn, self.limits.max_call_chars)
+            episode, session, *observe(text, self.template, session, self.gate, ledger, turn, self.limits.max_call_chars)
         )
 
     def _append(self, trajectory: Trajectory, observations: list[Message] | None, turn: int) -> bool:

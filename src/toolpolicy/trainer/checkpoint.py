@@ -1,7 +1,7 @@
 """Checkpoints that resume exactly, and the run's metrics log.
 
 A checkpoint is a Hugging Face model folder plus `trainer_state.pt` (optimizer,
-LR schedule, RNG states, step, and where the run's audit log ended). It is
+LR schedule, RNG states, step, and the rollout pool's state: its audit logs' ends). It is
 written to a temporary folder and renamed into place, so a process killed mid-write leaves the previous checkpoint intact
 and never a half-written one. The data cursor of both loops is a pure function
 of the step, so the step is the cursor. A checkpoint damaged after it was written (a
@@ -102,12 +102,11 @@ def save_checkpoint(
     scheduler: Any,
     sampler: torch.Generator | None,
     keep: int,
-    audit_seq: int | None = None,
-    audit_seqs: list[int | None] | None = None,
+    rollouts: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically; keep the newest `keep`. `audit_seq`: the last record
-    of the run's audit log, so a resumed run can cut the decisions it will replay;
-    `audit_seqs`: that of every process's log, by rank, when several trained."""
+    """Write checkpoint `step` atomically; keep the newest `keep`. `rollouts`: the rollout
+    pool's state (`Rollouts.state()`: each audit log's own state), so that a resumed run
+    cuts the decisions it will take again."""
     final = phase_dir / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -116,8 +115,7 @@ def save_checkpoint(
     tokenizer.save_pretrained(tmp)
     state = {
         "step": step,
-        "audit_seq": audit_seq,
-        "audit_seqs": audit_seqs,
+        "rollouts": rollouts or {},
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": {
@@ -148,16 +146,17 @@ def save_final(phase_dir: Path, model: Any, tokenizer: Any) -> Path:
 
 class Restored(NamedTuple):
     step: int
-    audit_seq: int | None
-    """The audit log's last record when the checkpoint was taken (None: no log)."""
-    audit_seqs: list[int | None] | None = None
-    """Each rank's, when the run had several processes."""
+    rollouts: dict[str, Any]
+    """The rollout pool's state when the checkpoint was taken (see `save_checkpoint`)."""
 
-    def audit_seq_of(self, rank: int) -> int | None:
-        """The last record of `rank`'s audit log at the checkpoint."""
-        if rank == 0 or self.audit_seqs is None:
-            return self.audit_seq if rank == 0 else None
-        return self.audit_seqs[rank] if rank < len(self.audit_seqs) else None
+
+def older_rollout_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The rollout state of a checkpoint from before it had one: audit logs' last records by
+    rank (`audit_seq`, `audit_seqs`), named as torchrun ranks and Ray workers name their logs."""
+    seqs = state.get("audit_seqs") or [state.get("audit_seq")]
+    named = {"audit.jsonl": seqs[0]} | {f"audit.rank{k}.jsonl": seq for k, seq in enumerate(seqs) if k}
+    named |= {f"audit.worker{k}.jsonl": seq for k, seq in enumerate(seqs)}
+    return {name: {"seq": seq} for name, seq in named.items() if seq is not None}
 
 
 def restore_state(
@@ -171,7 +170,7 @@ def restore_state(
     torch.set_rng_state(state["rng"]["torch"])
     if sampler is not None and state["rng"]["sampler"] is not None:
         sampler.set_state(state["rng"]["sampler"])
-    return Restored(int(state["step"]), state.get("audit_seq"), state.get("audit_seqs"))
+    return Restored(int(state["step"]), state["rollouts"] if "rollouts" in state else older_rollout_state(state))
 
 
 class MetricsLog:

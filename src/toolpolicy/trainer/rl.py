@@ -68,7 +68,7 @@ from toolpolicy.trainer.credit import (
     update_mask,
 )
 from toolpolicy.trainer.distributed import World
-from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine
+from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine, save_start, saved_start
 from toolpolicy.trainer.trackers import open_trackers
 from toolpolicy.types import Task
 
@@ -531,7 +531,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     learner = Learner(model, reference, trainable, optimizer, scheduler, algorithm, correction, recompute, world, policy.pad_id, UpdateSettings.of(cfg))
     generator = torch.Generator().manual_seed(cfg.run.seed)
-    restored = restore_state(checkpoint, optimizer, scheduler, generator) if checkpoint else Restored(0, None)
+    restored = restore_state(checkpoint, optimizer, scheduler, generator) if checkpoint else Restored(0, saved_start(phase_dir) if resume else {})
     start = restored.step
     log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "rl", start) if world.main else ())
     store = phase_dir / "rollouts" if rl.store_rollouts and world.main else None
@@ -540,16 +540,20 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         drop_steps_after(phase_dir / "rollouts", start)
     pool: Rollouts  # where the episodes are sampled
     if rl.ray_workers:
-        pool = RayRollouts(cfg, str(checkpoint or rl.init_from), run_dir, restored.audit_seqs, resume)
+        pool = RayRollouts(cfg, str(checkpoint or rl.init_from), run_dir, restored.rollouts)
         rubric = build_rubric(cfg.rewards, pool.env.default_rewards)  # each worker builds its own for scoring
     else:
         name = "" if world.main else f"rank{world.rank}"
         # Async: the rollouts sample from a copy of the policy, in a thread, while the trainer updates its own.
         sampling_policy = replace(policy, model=copy.deepcopy(model).eval()) if rl.max_staleness else policy
-        engine = open_engine(cfg, sampling_policy, generator, run_dir, name, restored.audit_seq_of(world.rank), resume)
+        engine = open_engine(cfg, sampling_policy, generator, run_dir, name, restored.rollouts)
         sampler_model = sampling_policy.model if rl.max_staleness else None
         rubric = build_rubric(cfg.rewards, engine.env.default_rewards)
         pool = LocalRollouts(engine, rubric, world, sampler_model)
+    if not resume:  # where a run killed before its first checkpoint takes its audit logs back to
+        start_state = pool.state()
+        if world.main:
+            save_start(phase_dir, start_state)
     if cfg.env.max_prompt_tokens is not None:
         sampling = replace(sampling, fits=prompt_fits(pool.env, policy.chat, policy.encode, cfg.env.max_prompt_tokens))
     success = reward_function(pool.env.success_reward)
@@ -617,11 +621,11 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 log.write(record)
                 steps.set_postfix(progress_line(record, trajectories), refresh=False)
             if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == rl.steps:
-                audit_seqs = pool.audit_seqs()
+                rollout_state = pool.state()
                 if world.main:
                     save_checkpoint(
                         phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, generator, cfg.run.keep_checkpoints,
-                        audit_seq=audit_seqs[0], audit_seqs=audit_seqs,
+                        rollouts=rollout_state,
                     )
                 world.barrier()  # no rank runs ahead of a checkpoint it may resume from
 

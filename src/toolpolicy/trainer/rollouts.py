@@ -15,12 +15,16 @@ Either way each episode samples from its own stream (`sampling_streams: episode`
 step's episodes are the same ones a single process samples. Each engine appends its gate's
 decisions to its own audit log: RUN_DIR/audit.jsonl for the first (rank 0, or a single
 process), audit.rankN.jsonl or audit.workerN.jsonl for the others (Ray workers on other
-machines need RUN_DIR on a shared file system). A checkpoint records every log's last
-record, and a resumed run cuts each log back to it before replaying the steps after it.
+machines need RUN_DIR on a shared file system). `state()` is each log's own state
+(`AuditLog.state`, by file name), which a checkpoint keeps beside the optimizer's; a
+resumed run opens its engines with it, and each log is cut back to it
+(`AuditLog.restore`) before the steps after it are taken again.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,14 +36,17 @@ import torch
 from toolpolicy.build import build_engine, build_env, build_rubric, load_policy_model
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.envs.base import Env
-from toolpolicy.gate import rewind_audit_log
+from toolpolicy.gate import AuditLog
 from toolpolicy.model import PolicyModel
 from toolpolicy.rewards import Score
 from toolpolicy.rollout import RolloutEngine, Trajectory
 from toolpolicy.trainer.distributed import World
 from toolpolicy.types import Task
 
-AUDIT_START = "audit_start_seq"  # RUN_DIR/rl/: an audit log's last record before RL's first step
+RolloutState = dict[str, dict[str, Any]]
+"""What a checkpoint keeps of the rollout pool: each audit log's `AuditLog.state()`, by file name."""
+
+START_FILE = "rollout_start.json"
 
 Scored = list[tuple[Trajectory, Score]]
 Pending = Callable[[], Scored]
@@ -64,38 +71,47 @@ class Rollouts(Protocol):
         """Token positions run by every sampler so far, by kind."""
         ...
 
-    def audit_seqs(self) -> list[int | None]:
-        """Each audit log's last record (None: no log), in the order of the engines."""
+    def state(self) -> RolloutState:
+        """Every engine's state, for a checkpoint (the same on every process)."""
         ...
 
     def close(self) -> None: ...
 
 
 def open_engine(
-    cfg: Config, policy: PolicyModel, generator: torch.Generator, run_dir: Path, name: str, audit_seq: int | None, resume: bool
+    cfg: Config, policy: PolicyModel, generator: torch.Generator, run_dir: Path, name: str, restored: RolloutState
 ) -> RolloutEngine:
-    """An RL rollout engine whose audit log (if `gate.audit`) continues where the checkpoint
-    left it: the decisions after `audit_seq` are cut, since their steps are about to be taken
-    again (with no checkpoint yet, back to where RL started). `name` tells the engines of
-    one run apart: "" for the first, else "rank1", "worker0", ..."""
+    """An RL rollout engine whose audit log (if `gate.audit`) continues from `restored`: the
+    decisions after the state it names are cut, since their steps are about to be taken
+    again. `name` tells the engines of one run apart: "" for the first, else "rank1",
+    "worker0", ..."""
     audit_file = f"audit.{name}.jsonl" if name else "audit.jsonl"  # one writer per log
-    phase_dir = run_dir / "rl"
-    audit_start = phase_dir / (f"{AUDIT_START}.{name}" if name else AUDIT_START)
-    if audit_seq is None and resume and audit_start.exists():
-        audit_seq = int(audit_start.read_text())
-    if cfg.gate.audit and audit_seq is not None:
-        rewind_audit_log(run_dir / audit_file, audit_seq)
-    engine = build_engine(cfg, policy, generator, cfg.rl.temperature, audit_file=audit_file)
-    audit = engine.gate.audit
-    if audit is not None and not resume:
-        phase_dir.mkdir(parents=True, exist_ok=True)
-        audit_start.write_text(str(audit.last_seq))
-    return engine
+    if cfg.gate.audit and audit_file in restored:
+        AuditLog.restore(run_dir / audit_file, restored[audit_file])
+    return build_engine(cfg, policy, generator, cfg.rl.temperature, audit_file=audit_file)
 
 
-def last_seq(engine: RolloutEngine) -> int | None:
+def engine_state(engine: RolloutEngine) -> RolloutState:
     audit = engine.gate.audit
-    return audit.last_seq if audit is not None else None
+    return {audit.path.name: audit.state()} if audit is not None else {}
+
+
+def merged(states: list[RolloutState]) -> RolloutState:
+    return {name: state for part in states for name, state in part.items()}
+
+
+def saved_start(phase_dir: Path) -> RolloutState:
+    """The pool's state when RL began (PHASE_DIR/rollout_start.json; empty if none): where
+    a run killed before its first checkpoint cuts its audit logs back to."""
+    path = phase_dir / START_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_start(phase_dir: Path, state: RolloutState) -> None:
+    phase_dir.mkdir(parents=True, exist_ok=True)
+    temporary = phase_dir / (START_FILE + ".tmp")
+    temporary.write_text(json.dumps(state))
+    os.replace(temporary, phase_dir / START_FILE)
 
 
 def score_all(
@@ -145,8 +161,8 @@ class LocalRollouts:
     def counts(self) -> Counter[str]:
         return self.world.sum_counts(Counter(self.engine.backend.counts))
 
-    def audit_seqs(self) -> list[int | None]:
-        return self.world.gather([last_seq(self.engine)])
+    def state(self) -> RolloutState:
+        return merged(self.world.gather([engine_state(self.engine)]))
 
     def close(self) -> None:
         if self.thread is not None:
@@ -157,11 +173,11 @@ class LocalRollouts:
 class RolloutWorker:
     """A Ray actor's state: a policy copy, its engine and the Rubric, built in the worker."""
 
-    def __init__(self, cfg: Config, checkpoint: str, run_dir: str, index: int, audit_seq: int | None, resume: bool) -> None:
+    def __init__(self, cfg: Config, checkpoint: str, run_dir: str, index: int, restored: RolloutState) -> None:
         torch.set_num_threads(max(1, cfg.run.threads))
         self.policy = load_policy_model(cfg.model, checkpoint)
         generator = torch.Generator().manual_seed(cfg.run.seed)
-        self.engine = open_engine(cfg, self.policy, generator, Path(run_dir), f"worker{index}", audit_seq, resume)
+        self.engine = open_engine(cfg, self.policy, generator, Path(run_dir), f"worker{index}", restored)
         self.rubric = build_rubric(cfg.rewards, self.engine.env.default_rewards)
 
     def run(self, tasks: list[Task], seeds: list[int] | None) -> Scored:
@@ -174,8 +190,8 @@ class RolloutWorker:
     def counts(self) -> Counter[str]:
         return Counter(self.engine.backend.counts)
 
-    def audit_seq(self) -> int | None:
-        return last_seq(self.engine)
+    def state(self) -> RolloutState:
+        return engine_state(self.engine)
 
     def close(self) -> None:
         self.engine.close()
@@ -184,7 +200,7 @@ class RolloutWorker:
 class RayRollouts:
     """`ray_rollout_workers` actors, each running a contiguous share of the step's groups."""
 
-    def __init__(self, cfg: Config, checkpoint: str, run_dir: Path, audit_seqs: list[int | None] | None, resume: bool) -> None:
+    def __init__(self, cfg: Config, checkpoint: str, run_dir: Path, restored: RolloutState) -> None:
         try:
             import ray
         except ImportError:
@@ -195,11 +211,7 @@ class RayRollouts:
             address = None if cfg.rl.ray_address == "local" else cfg.rl.ray_address
             ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         actor = ray.remote(num_cpus=0)(RolloutWorker)  # threads are the config's, not Ray's CPU slots
-        seqs = audit_seqs or []
-        self.workers = [
-            actor.remote(cfg, str(checkpoint), str(run_dir), k, seqs[k] if k < len(seqs) else None, resume)
-            for k in range(cfg.rl.ray_workers)
-        ]
+        self.workers = [actor.remote(cfg, str(checkpoint), str(run_dir), k, restored) for k in range(cfg.rl.ray_workers)]
         ray.get([w.counts.remote() for w in self.workers])  # built (or their error raised) before the first step
         self.env = build_env(cfg.env)
 
@@ -216,8 +228,8 @@ class RayRollouts:
     def counts(self) -> Counter[str]:
         return sum(self.ray.get([w.counts.remote() for w in self.workers]), Counter())
 
-    def audit_seqs(self) -> list[int | None]:
-        return self.ray.get([w.audit_seq.remote() for w in self.workers])
+    def state(self) -> RolloutState:
+        return merged(self.ray.get([w.state.remote() for w in self.workers]))
 
     def close(self) -> None:
         try:

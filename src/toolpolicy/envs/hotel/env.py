@@ -2,14 +2,14 @@
 
 Each episode gets a private copy of the seed database (`HotelSession`). The model
 reads the policy as markdown in its system prompt; the same rules, machine-checked,
-are policy.yaml (also examples/policies/hotel.yaml), which the rollout gate enforces
-when it is given. Whether or not the engine's gate is on, the session checks every
-call against that policy before running it, so `outcome["violations"]` counts the
-calls that broke a rule and ran anyway (only possible with the gate off); the calls
-the gate denied are the episode's `gate_deny` events. Outcome, read by the rewards:
+are policy.yaml (also examples/policies/hotel.yaml): the policy of the engine's one
+gate unless `gate.policy` names another. That gate alone judges the calls: those it
+denied are the episode's `gate_deny` events, and in shadow mode (`eval --gate off`)
+those it would have denied ran and are its `violation` events. The session learns each
+admitted call's decision (`run_admitted`), so that a forbidden write run in shadow mode
+counts as a violation and not also as a wrong write. Outcome, read by the rewards:
 
     goal_reached   the final database hashes like the reference run's (tasks.goal_hash)
-    violations     calls that ran although the policy forbids them; violation_rules by id
     wrong_writes   writes the policy allowed that the reference does not make
                    (silent wrong-state writes: wrong booking, wrong amount, unconfirmed change);
                    wrong_write_calls lists them as name(arguments)
@@ -30,8 +30,7 @@ from toolpolicy.envs.hotel.expert import ExpertStyle, expert_turns
 from toolpolicy.envs.hotel.tasks import make_tasks, plan_calls
 from toolpolicy.envs.hotel.tools import make_tools
 from toolpolicy.envs.hotel.user import UserFactory, scripted_user
-from toolpolicy.gate import Gate, Ledger, Policy
-from toolpolicy.tools import ToolSet
+from toolpolicy.gate import Decision, Policy
 from toolpolicy.types import Message, Task, ToolCall, ToolResult
 
 POLICY_FILE = Path(__file__).with_name("policy.yaml")
@@ -58,57 +57,33 @@ def write_key(call: ToolCall) -> tuple[str, tuple[tuple[str, Any], ...]]:
     return call.name, tuple(sorted((k, v) for k, v in call.arguments.items() if k not in FREE_TEXT_ARGUMENTS))
 
 
-class WatchedToolSet(ToolSet):
-    """A ToolSet that lets its session check each call before it runs and see its result after."""
-
-    def __init__(self, tools: ToolSet, session: HotelSession) -> None:
-        super().__init__([tools[name] for name in tools.names], tools.max_output_chars)
-        self.session = session
-
-    def call(self, call: ToolCall) -> ToolResult:
-        broken = self.session.before(call)
-        result = super().call(call)
-        self.session.after(call, result, broken)
-        return result
-
-
 class HotelSession:
-    """One episode: its database copy, its guest, and the policy mirror that counts violations."""
+    """One episode: its database copy and its guest; it sees every admitted call run."""
 
-    def __init__(self, task: Task, mirror: Gate, user: UserFactory) -> None:
+    def __init__(self, task: Task, user: UserFactory) -> None:
         self.task = task
         self.db = fresh_copy(task.info["db_seed"])
-        base = make_tools(self.db)
-        self.mirror, self.ledger = mirror, Ledger()  # the gate is stateless; the ledger is this episode's
-        self.tools = WatchedToolSet(base, self)
-        self.effects = {spec.name: spec.effect for spec in base.specs()}
+        self.tools = make_tools(self.db)
+        self.effects = {spec.name: spec.effect for spec in self.tools.specs()}
         self.user = user(task)
         reference = plan_calls(task.info["plan"])
         self.expected_writes = Counter(write_key(c) for c in reference if self.effects[c.name] == "write")
-        self.violation_rules: Counter[str] = Counter()
-        self.violations = self.writes = 0
+        self.writes = 0
         self.wrong_writes: list[str] = []  # permitted writes the reference does not make, as name(arguments)
 
-    def before(self, call: ToolCall) -> bool:
-        """Whether the policy forbids `call`; counted as a violation if so (it runs anyway: the gate is off)."""
-        decision = self.mirror.evaluate(call, self.ledger)
-        if decision.outcome not in ("denied", "asked"):  # allowed, the model's malformed call, or a gate fault
-            return False
-        self.violations += 1
-        self.violation_rules.update(decision.rule_ids)
-        return True
-
-    def after(self, call: ToolCall, result: ToolResult, broken: bool) -> None:
-        self.ledger.record(call, "ok" if result.ok else "error")
-        self.ledger.learn(result.facts)
+    def run_admitted(self, call: ToolCall, decision: Decision) -> ToolResult:
+        """Run `call`, which the gate allowed, or denied in shadow mode (`decision.allowed`
+        False: a violation the gate counts, so not also a wrong write), and count its write."""
+        result = self.tools.call(call)
         if not result.ok or self.effects.get(call.name) != "write":
-            return
+            return result
         self.writes += 1
         key = write_key(call)
         if self.expected_writes[key] > 0:
             self.expected_writes[key] -= 1
-        elif not broken:
+        elif decision.allowed:
             self.wrong_writes.append(f"{call.name}({', '.join(f'{k}={v}' for k, v in key[1])})")
+        return result
 
     def on_answer(self, messages: list[Message]) -> list[Message] | None:
         text = self.user.reply(messages)
@@ -124,8 +99,7 @@ class HotelSession:
         if error := getattr(self.user, "error", None):
             raise RuntimeError(f"the simulated user failed: {error}")
         return {
-            "goal_reached": reached, "violations": self.violations, "violation_rules": dict(self.violation_rules),
-            "wrong_writes": len(self.wrong_writes), "wrong_write_calls": self.wrong_writes, "writes": self.writes,
+            "goal_reached": reached, "wrong_writes": len(self.wrong_writes), "wrong_write_calls": self.wrong_writes, "writes": self.writes,
             "category": self.task.info["category"], "kind": self.task.info["kind"],
         }
 
@@ -151,8 +125,7 @@ class HotelEnv:
         self.db_seed = db_seed
         self.user = user
         self.policy = Policy.load(POLICY_FILE)
-        self.tools = make_tools(fresh_copy(db_seed))  # the specs the template lists; episodes use their own copy
-        self.mirror = Gate(self.policy, self.tools)  # counts violations in every session, with no audit log
+        self.tools = make_tools(fresh_copy(db_seed))  # the specs the template lists and the gate checks; episodes use their own copy
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         return make_tasks(split, n, seed, self.db_seed)
@@ -164,7 +137,7 @@ class HotelEnv:
         raise RuntimeError("hotel episodes run in a session: use env.session(task)")
 
     def session(self, task: Task) -> HotelSession:
-        return HotelSession(task, self.mirror, self.user)
+        return HotelSession(task, self.user)
 
     def expert_turns(self, task: Task, rng: random.Random, style: ExpertStyle) -> list[Message]:
         """The imperfect demonstrator's assistant turns for `task` (see expert.py)."""
