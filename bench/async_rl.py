@@ -23,7 +23,7 @@ from result_file import write_result
 
 
 def run(env: str, staleness: int, steps: int, threads: int, work: Path) -> dict:
-    overrides = {"rl_steps": steps, "sampling_streams": "episode", "max_staleness": staleness}
+    overrides = {"rl.steps": steps, "rl.sampling_streams": "episode", "rl.max_staleness": staleness}
     rows = train(env, work / f"{env}-k{staleness}", threads, overrides)
     return {
         "max_staleness": staleness,

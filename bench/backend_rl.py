@@ -48,15 +48,16 @@ def parameter_count(checkpoint: Path) -> int:
 
 
 def run(env: str, backend: str, steps: int, threads: int, work: Path, checkpoint: Path, settings: dict[str, str]) -> dict:
-    overrides = {**settings, "backend": backend, "rl_steps": steps, "init_from": checkpoint}
+    overrides = {**settings, "rl.steps": steps, "rl.init_from": checkpoint}
     began = time.perf_counter()
-    if backend == "endpoint":
+    if backend == "endpoint":  # the rollout server: config backend `server`
         with ServerProcess(checkpoint, 8765, ["--threads", str(threads)]) as server:
             url = server.wait()
             began = time.perf_counter()
-            rl = train(env, work / f"{env}-{backend}", threads, {**overrides, "rollout_url": url})
+            rl = train(env, work / f"{env}-{backend}", threads, {**overrides, "backend": "server", "backend.url": url})
     else:
-        rl = train(env, work / f"{env}-{backend}", threads, {**overrides, "vllm_threads": threads})
+        own = {"backend.threads": threads} if backend == "vllm" else {}
+        rl = train(env, work / f"{env}-{backend}", threads, {**overrides, "backend": backend, **own})
     wall = time.perf_counter() - began
     return {
         "wall_seconds": wall,

@@ -27,7 +27,7 @@ from result_file import write_result
 
 
 def run(env: str, processes: int, threads: int, steps: int, work: Path, ray_workers: int = 0) -> dict:
-    overrides = {"rl_steps": steps, "sampling_streams": "episode", "ray_rollout_workers": ray_workers}
+    overrides = {"rl.steps": steps, "rl.sampling_streams": "episode", "rl.ray_workers": ray_workers}
     every = train(env, work / f"{env}-{processes}x{threads}-ray{ray_workers}", threads, overrides, processes)
     rl = every[1:]
     return {

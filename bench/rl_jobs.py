@@ -24,7 +24,7 @@ def train(env: str, run_dir: Path, threads: int, overrides: dict[str, Any], proc
     no audit log; the RL rows of its metrics.jsonl."""
     config, checkpoint = JOBS[env]
     settings = {
-        "run_dir": run_dir, "init_from": checkpoint, "threads": threads, "checkpoint_every": 10_000, "audit": False,
+        "run.dir": run_dir, "rl.init_from": checkpoint, "run.threads": threads, "run.checkpoint_every": 10_000, "gate.audit": False,
         **overrides,
     }
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]

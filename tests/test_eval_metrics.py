@@ -189,8 +189,9 @@ def test_docstring_examples():
 
 def test_violations_wrong_writes_and_categories_come_from_the_episode():
     task = Task("h1", "cancel my stay", "", {"category": "forbidden"})
-    ep = Episode(task, [], [Event("gate_deny", 0, "late-cancel"), Event("tool_call", 1, "get_booking")])
-    ep.outcome = {"violations": 2, "wrong_writes": 1, "wrong_write_calls": ["cancel(booking=B7)"]}
+    shadow = [Event("violation", 2, "late-cancel"), Event("violation", 3, "refund-cap")]  # denied in shadow mode, ran
+    ep = Episode(task, [], [Event("gate_deny", 0, "late-cancel"), Event("tool_call", 1, "get_booking"), *shadow])
+    ep.outcome = {"wrong_writes": 1, "wrong_write_calls": ["cancel(booking=B7)"]}
     r = ScoredEpisode.from_episode(ep, False, 40)
     assert (r.category, r.violations, r.violations_run, r.wrong_writes, r.denials) == ("forbidden", 3, 2, 1, 1)
     clean = Episode(Task("h2", "x", "", {"category": "feasible"}), [])

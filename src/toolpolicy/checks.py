@@ -269,6 +269,8 @@ def _rule_problems(cfg: Config) -> list[str]:
             f"algorithm.credit: turn normalises its own per-turn returns within the group; algorithm.advantage "
             f"{cfg.algorithm.advantage!r} would be ignored: leave it unset"
         )
+    if cfg.algorithm.teacher_alone and not cfg.algorithm.teacher:
+        problems.append("algorithm.teacher_alone needs algorithm.teacher: the checkpoint whose log-probs the student distils")
     if cfg.eval.served_url and not cfg.eval.served_model:
         problems.append("field 'eval.served_model' is empty: name the model served at eval.served_url")
     return problems

@@ -372,6 +372,16 @@ class AlgorithmSection(Section):
     """Leave episodes cut by max turns or max tokens out of the update (overlong filtering)."""
     void_turn_filter: bool = False
     """Leave out episodes with a turn that made neither a tool call nor a final answer (SimpleTIR)."""
+    teacher: str = ""
+    """On-policy distillation: a checkpoint folder (or .gguf file) with the policy's vocabulary
+    that scores every sampled token; each token's advantage gains teacher_coef x (its teacher
+    log-prob - its sampled log-prob), the per-token reverse KL's policy gradient
+    (toolpolicy.algorithms.distill). Empty: no teacher."""
+    teacher_coef: float = Field(1.0, gt=0)
+    """Weight of the teacher's per-token advantage."""
+    teacher_alone: bool = False
+    """Distil only: the task advantages are left out (the rewards stay as metrics), and every
+    group trains, since each carries the teacher's signal."""
 
 
 class OptimSection(Section):

@@ -69,6 +69,7 @@ from toolpolicy.trainer.credit import (
 )
 from toolpolicy.trainer.distributed import World
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine, save_start, saved_start
+from toolpolicy.trainer.teacher import DistilledCredit, Teacher, same_vocabulary
 from toolpolicy.trainer.trackers import open_trackers
 from toolpolicy.types import Task
 
@@ -525,6 +526,14 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     reference = None
     if cfg.algorithm.beta > 0 or cfg.algorithm.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from
         reference = model if cfg.model.lora_rank else load_policy_model(cfg.model, rl.init_from).model.eval()
+    teacher = None
+    if cfg.algorithm.teacher:  # on-policy distillation: the teacher scores every sampled token
+        teacher_policy = load_policy_model(cfg.model, cfg.algorithm.teacher)
+        same_vocabulary(policy, teacher_policy, cfg.algorithm.teacher)
+        teacher = Teacher(
+            teacher_policy.model.eval(), recompute, policy.pad_id, rl.temperature, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens,
+        )
+        credit = DistilledCredit(credit, teacher, cfg.algorithm.teacher_coef, cfg.algorithm.teacher_alone)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=rl.lr, betas=(0.9, 0.99), weight_decay=cfg.optim.weight_decay)
     warmup = max(1, rl.warmup_steps)
@@ -607,6 +616,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record.update({"refill_rounds": sampled.refill_rounds, "lr": lr, "optimizer_steps": len(grad_norms)})
             record["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
             record["staleness"] = staleness
+            if teacher is not None:
+                record["distill/reverse_kl"] = teacher.reverse_kl
             if store is not None:
                 stored = time.perf_counter()
                 records = step_records(sampled, advantages, keep, recomputed, success)

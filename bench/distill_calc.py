@@ -1,0 +1,136 @@
+"""On-policy distillation against GRPO on calc: a smaller student learns from the RL-trained calc model.
+
+    .venv/bin/python bench/distill_calc.py [--work runs/distill-calc] [--out bench/results/distill_calc.json]
+
+Each phase runs `toolpolicy` as a user would, in a process of its own, and is skipped when
+its output exists, so a stopped run picks up where it was:
+
+1. teacher: RL from checkpoints/calc-sft with demo.yaml (TEACHER_STEPS steps).
+2. student: SFT of a smaller embedded model (STUDENT, about a fifth of the teacher's
+   parameters, the same tokenizer) on the demonstrations calc-sft learned from.
+3. grpo: RL from the student with demo.yaml's GRPO, a checkpoint every EVERY steps.
+4. distill: the same RL from the same student with `algorithm.teacher` (the teacher's
+   per-token reverse-KL advantage alone), a checkpoint every EVERY steps.
+5. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
+   model) of the teacher, the student and every checkpoint.
+
+The result file holds the curves, the steps each method took to come within 2 points of the
+teacher's accuracy (None: not within the steps run), and sampled tokens and wall time per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from result_file import write_result  # bench/ is on the path of a script run from it
+
+ROOT = Path(__file__).parent.parent
+CONFIG = ROOT / "src" / "toolpolicy" / "configs" / "demo.yaml"
+TEACHER_START = ROOT / "checkpoints" / "calc-sft"
+TEACHER_STEPS = 200
+STUDENT = {"embedded.hidden_size": 96, "embedded.layers": 3, "embedded.heads": 4, "embedded.kv_heads": 2,
+           "embedded.intermediate_size": 288}
+STUDENT_SFT = {"sft.cold_start": "", "sft.steps": 1500}
+EVERY = 10
+EVAL_TASKS, EVAL_SAMPLES = 300, 2
+WITHIN = 0.02
+
+
+def toolpolicy(command: str, run_dir: Path, settings: dict[str, Any], threads: int, *extra: str) -> float:
+    """Run `toolpolicy COMMAND demo.yaml` with `settings` in a process of its own; its wall seconds."""
+    args = [sys.executable, "-m", "toolpolicy", command, str(CONFIG), *extra]
+    for key, value in {"run.dir": run_dir, "run.threads": threads, **settings}.items():
+        args += ["--set", f"{key}={value}"]
+    began = time.perf_counter()
+    subprocess.run(args, check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    return time.perf_counter() - began
+
+
+def rl_rows(run_dir: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if row["phase"] == "rl"]
+
+
+def accuracy(work: Path, name: str, checkpoint: Path, settings: dict[str, Any], threads: int) -> float:
+    """Held-out accuracy of `checkpoint` (cached in WORK/eval/NAME.json)."""
+    summary = work / "eval" / "eval" / f"{name}.json"
+    if not summary.exists():
+        evaluated = {**settings, "eval.checkpoint": checkpoint, "eval.tasks": EVAL_TASKS, "eval.samples": EVAL_SAMPLES}
+        toolpolicy("eval", work / "eval", evaluated, threads, "--name", name)
+    return float(json.loads(summary.read_text())["accuracy"])
+
+
+def rl_run(work: Path, name: str, start: Path, steps: int, settings: dict[str, Any], threads: int) -> dict[str, Any]:
+    """RL from `start` with a checkpoint every EVERY steps, all kept (unless it ran already)."""
+    run_dir = work / name
+    if not (run_dir / "rl" / "final").exists():
+        kept = {"rl.init_from": start, "rl.steps": steps, "run.checkpoint_every": EVERY, "run.keep_checkpoints": steps // EVERY + 1,
+                "rl.store_rollouts": False, **settings}
+        toolpolicy("train", run_dir, kept, threads)
+    rows = rl_rows(run_dir)
+    return {
+        "steps": len(rows),
+        "wall_seconds": sum(r["time/step"] for r in rows),
+        "tokens": {key: sum(r.get(key, 0) for r in rows) for key in sorted({k for r in rows for k in r if k.startswith("tokens/")})},
+        "train_accuracy": [r["accuracy"] for r in rows],
+        "reverse_kl": [r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r],
+    }
+
+
+def first_within(curve: list[tuple[int, float]], target: float) -> int | None:
+    """The first step whose accuracy is at least `target`."""
+    return next((step for step, value in curve if value >= target), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "distill-calc")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "distill_calc.json")
+    parser.add_argument("--steps", type=int, default=200, help="RL steps of each student run")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    work, threads = args.work, args.threads
+
+    teacher_run = work / "teacher"
+    if not (teacher_run / "rl" / "final").exists():
+        toolpolicy("train", teacher_run, {"rl.init_from": TEACHER_START, "rl.steps": TEACHER_STEPS, "run.checkpoint_every": TEACHER_STEPS}, threads)
+    teacher = teacher_run / "rl" / "final"
+    student_run = work / "student"
+    if not (student_run / "sft" / "final").exists():
+        toolpolicy("sft", student_run, {**STUDENT, **STUDENT_SFT}, threads)
+    student = student_run / "sft" / "final"
+
+    runs = {
+        "grpo": rl_run(work, "grpo", student, args.steps, {}, threads),
+        "distill": rl_run(work, "distill", student, args.steps, {"algorithm.teacher": teacher, "algorithm.teacher_alone": True}, threads),
+    }
+    teacher_accuracy = accuracy(work, "teacher", teacher, {}, threads)
+    student_accuracy = accuracy(work, "student", student, {}, threads)
+    target = teacher_accuracy - WITHIN
+    for name, run in runs.items():
+        checkpoints = sorted((work / name / "rl" / "checkpoints").glob("step_*"))
+        curve = [(0, student_accuracy)] + [
+            (int(c.name.split("_")[1]), accuracy(work, f"{name}-{c.name}", c, {}, threads)) for c in checkpoints
+        ]
+        run["held_out"] = curve
+        run["steps_to_within_2_points"] = first_within(curve, target)
+    grpo_steps, distill_steps = runs["grpo"]["steps_to_within_2_points"], runs["distill"]["steps_to_within_2_points"]
+    write_result(args.out, {
+        "config": str(CONFIG.relative_to(ROOT)), "teacher_start": str(TEACHER_START.relative_to(ROOT)), "teacher_steps": TEACHER_STEPS,
+        "student": STUDENT, "student_sft": STUDENT_SFT, "eval": {"tasks": EVAL_TASKS, "samples": EVAL_SAMPLES},
+        "teacher_accuracy": teacher_accuracy, "student_accuracy": student_accuracy, "target": target,
+        "steps_ratio": None if grpo_steps is None or distill_steps is None else distill_steps / grpo_steps,
+        "runs": runs,
+    })
+    print(json.dumps({"teacher": teacher_accuracy, "student": student_accuracy, "grpo_steps": grpo_steps, "distill_steps": distill_steps}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""On-policy distillation in the trainer: a teacher model scores each step's sampled tokens.
+
+`Teacher` runs a frozen checkpoint with the policy's vocabulary over the episodes that
+train; `DistilledCredit` adds its per-token signal (toolpolicy.algorithms.distill) to the
+credit the config chose, or uses it alone (`algorithm.teacher_alone`). Every group carries
+the teacher's signal, so dynamic sampling keeps them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from toolpolicy.algorithms import expand_group_mask
+from toolpolicy.algorithms.distill import distillation_advantages, reverse_kl_per_token
+from toolpolicy.config import ConfigError
+from toolpolicy.model import PolicyModel
+from toolpolicy.rollout import Trajectory
+from toolpolicy.trainer.batch import Recompute, collate, micro_batches
+from toolpolicy.trainer.credit import Credit
+
+
+def same_vocabulary(student: PolicyModel, teacher: PolicyModel, teacher_path: str) -> None:
+    """ConfigError unless the teacher's tokenizer maps every token to the student's id: the
+    teacher scores the student's token ids as they are."""
+    if student.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
+        raise ConfigError(
+            f"field 'algorithm.teacher': {teacher_path} has another vocabulary than the policy "
+            f"({len(teacher.tokenizer.get_vocab())} and {len(student.tokenizer.get_vocab())} tokens, or the same "
+            "tokens under other ids); on-policy distillation needs the teacher to score the student's own token ids"
+        )
+
+
+@dataclass
+class Teacher:
+    """A frozen model that gives the log-probability of every sampled token."""
+
+    model: torch.nn.Module
+    recompute: Recompute
+    pad_id: int
+    temperature: float
+    micro_batch_size: int
+    micro_batch_tokens: int | None
+    reverse_kl: float = field(default=0.0, init=False)
+    """The last scored episodes' reverse KL(student || teacher) per sampled token."""
+
+    def logprobs(self, trajectories: list[Trajectory]) -> Tensor:
+        """[B, L-1] (L: the longest), the teacher's log-prob of each sampled token, 0 elsewhere."""
+        batch = collate(trajectories, self.pad_id)
+        out = torch.zeros(batch.targets.shape)
+        self.model.eval()
+        with torch.no_grad():
+            for rows, piece in micro_batches(batch, self.micro_batch_size, self.micro_batch_tokens):
+                values, _ = self.recompute.logprobs(self.model, piece, self.temperature)  # [b, l]
+                out[rows, : values.shape[1]] = values.float().cpu()
+        self.reverse_kl = reverse_kl_per_token(batch.old_logprobs, out, batch.loss_mask)
+        return out
+
+
+@dataclass(frozen=True)
+class DistilledCredit:
+    """The config's credit plus the teacher's per-token advantage (or that alone)."""
+
+    base: Credit
+    teacher: Teacher
+    coef: float
+    alone: bool
+
+    def signal(self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        return torch.ones(len(trajectories) // group_size, dtype=torch.bool)  # [G]: the teacher speaks on every group
+
+    def advantages(
+        self, trajectories: list[Trajectory], rewards: Tensor, weights: Tensor, group_size: int, groups: Tensor
+    ) -> Tensor:
+        width = max(len(t.token_ids) for t in trajectories) - 1
+        out = torch.zeros(len(trajectories), width)  # [B, L-1]
+        if not self.alone:
+            task = self.base.advantages(trajectories, rewards, weights, group_size, groups)  # [B] or [B, L-1]
+            out += task[:, None] if task.dim() == 1 else task
+        rows = torch.nonzero(expand_group_mask(groups, group_size)).flatten().tolist()
+        if rows:
+            scored = [trajectories[i] for i in rows]
+            batch = collate(scored, self.teacher.pad_id)
+            teacher = self.teacher.logprobs(scored)  # [R, l]
+            signal = distillation_advantages(batch.old_logprobs, teacher, batch.loss_mask, self.coef)
+            out[rows, : signal.shape[1]] += signal
+        return out

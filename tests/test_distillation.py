@@ -1,0 +1,105 @@
+"""On-policy distillation: the teacher's per-token advantage by hand, and RL runs with a teacher."""
+
+from __future__ import annotations
+
+import doctest
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import toolpolicy.algorithms.distill
+from toolpolicy.build import load_config, load_policy_model
+from toolpolicy.cli import main
+from toolpolicy.config import ConfigError
+from toolpolicy.rollout import Trajectory
+from toolpolicy.trainer.batch import SHARED_PROMPTS
+from toolpolicy.trainer.credit import OutcomeCredit
+from toolpolicy.trainer.rl import algorithm_of
+from toolpolicy.trainer.teacher import DistilledCredit, Teacher, same_vocabulary
+from toolpolicy.types import Episode, Task
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "src" / "toolpolicy" / "configs" / "smoke.yaml"
+CALC_SFT = ROOT / "checkpoints" / "calc-sft"
+HOTEL_SFT = ROOT / "checkpoints" / "hotel-sft"
+
+
+def test_the_math_by_hand() -> None:
+    result = doctest.testmod(toolpolicy.algorithms.distill)
+    assert result.attempted >= 2 and result.failed == 0
+
+
+def _trajectory(ids: list[int], prompt_len: int, sampled: list[float]) -> Trajectory:
+    """A trajectory whose tokens after `prompt_len` were sampled with log-probs `sampled`
+    (one observation token in the middle is not sampled)."""
+    mask = [0] * prompt_len + [1] * (len(ids) - prompt_len)
+    mask[prompt_len + 2] = 0
+    logprobs = [0.0] * prompt_len + sampled
+    logprobs[prompt_len + 2] = 0.0
+    episode = Episode(Task("t", "q", "a"), [])
+    return Trajectory(ids, mask, logprobs, prompt_len, episode, [(prompt_len, len(ids))])
+
+
+def _by_hand(model: torch.nn.Module, trajectory: Trajectory) -> list[float]:
+    """The model's log-prob of each token after the first, from its plain logits."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([trajectory.token_ids])).logits[0, :-1]  # [L-1, V]
+    return torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(trajectory.token_ids[1:])[:, None])[:, 0].tolist()
+
+
+def test_the_teacher_advantage_is_its_logprob_minus_the_sampled_one() -> None:
+    teacher_policy = load_policy_model(load_config(SMOKE).model, CALC_SFT)
+    generator = torch.Generator().manual_seed(0)
+    vocab = teacher_policy.model.config.vocab_size
+    prompt = torch.randint(5, vocab, (6,), generator=generator).tolist()
+    trajectories = []
+    for row in range(4):  # two groups of two, sharing their prompt
+        response = torch.randint(5, vocab, (5 + row,), generator=generator).tolist()
+        sampled = (-torch.rand(5 + row, generator=generator) * 3).tolist()
+        trajectories.append(_trajectory(prompt + response, len(prompt), sampled))
+    teacher = Teacher(teacher_policy.model, SHARED_PROMPTS, teacher_policy.pad_id, 1.0, 2, None)
+    rewards = torch.tensor([[1.0], [0.0], [1.0], [1.0]], dtype=torch.float64)
+    weights = torch.tensor([1.0], dtype=torch.float64)
+    groups = torch.tensor([True, False])  # the second group does not train
+    outcome = OutcomeCredit(algorithm_of(load_config(SMOKE, ["algorithm.preset=grpo"]).algorithm)[0].estimator)
+
+    alone = DistilledCredit(outcome, teacher, 0.5, alone=True).advantages(trajectories, rewards, weights, 2, groups)
+    added = DistilledCredit(outcome, teacher, 0.5, alone=False).advantages(trajectories, rewards, weights, 2, groups)
+    task = outcome.advantages(trajectories, rewards, weights, 2, groups)  # [B]: +-0.707 in group 0, 0 in group 1
+    assert alone.shape == (4, max(len(t.token_ids) for t in trajectories) - 1)
+    for row, t in enumerate(trajectories):
+        by_hand = _by_hand(teacher_policy.model, t)
+        for position in range(len(t.token_ids) - 1):
+            sampled = t.loss_mask[position + 1]
+            expected = 0.5 * (by_hand[position] - t.logprobs[position + 1]) if sampled and row < 2 else 0.0
+            assert alone[row, position].item() == pytest.approx(expected, abs=1e-4), (row, position)
+            assert added[row, position].item() == pytest.approx(expected + float(task[row]), abs=1e-4), (row, position)
+    assert abs(float(task[0])) > 0.5 and float(task[2]) == 0.0
+    assert teacher.reverse_kl != 0.0  # measured on the rows it scored
+    assert DistilledCredit(outcome, teacher, 0.5, alone=True).signal(trajectories, rewards, weights, 2).tolist() == [True, True]
+
+
+def test_a_teacher_with_another_vocabulary_is_refused() -> None:
+    model = load_config(SMOKE).model
+    calc, hotel = load_policy_model(model, CALC_SFT), load_policy_model(model, HOTEL_SFT)
+    same_vocabulary(calc, load_policy_model(model, CALC_SFT), str(CALC_SFT))
+    with pytest.raises(ConfigError, match="field 'algorithm.teacher': .*hotel-sft has another vocabulary than the policy"):
+        same_vocabulary(calc, hotel, str(HOTEL_SFT))
+    with pytest.raises(ConfigError, match="algorithm.teacher_alone needs algorithm.teacher"):
+        load_config(SMOKE, ["algorithm.teacher_alone=true"])
+
+
+def test_rl_distils_from_a_teacher_and_the_student_as_its_own_teacher_is_zero(tmp_path: Path) -> None:
+    """A student that is its own teacher: every sampled token's teacher log-prob is its own
+    (the hf backend's log-probs are the trainer's numbers), so the reverse KL is 0 and the
+    distilled advantage is 0 on every token: nothing moves with the teacher alone."""
+    args = ["train", str(SMOKE), "--set", f"rl.init_from={CALC_SFT}", "--set", f"algorithm.teacher={CALC_SFT}",
+            "--set", "algorithm.teacher_alone=true", "--set", "rl.steps=2", "--set", f"run.dir={tmp_path}"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(abs(r["distill/reverse_kl"]) < 1e-5 for r in rows), rows
+    assert all(r["kept_groups"] == r["signal_groups"] == load_config(SMOKE).rl.prompts_per_step for r in rows)
+    assert all(abs(r["loss"]) < 1e-5 for r in rows)
