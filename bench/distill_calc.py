@@ -1,13 +1,15 @@
 """On-policy distillation against GRPO on calc: a smaller student learns from the RL-trained calc model.
 
-    .venv/bin/python bench/distill_calc.py [--work runs/distill-calc] [--out bench/results/distill_calc.json]
+    .venv/bin/python bench/distill_calc.py [--student CHECKPOINT] [--steps 100] [--work runs/distill-calc]
+        [--out bench/results/distill_calc.json]
 
 Each phase runs `toolpolicy` as a user would, in a process of its own, and is skipped when
 its output exists, so a stopped run picks up where it was:
 
 1. teacher: RL from checkpoints/calc-sft with demo.yaml (TEACHER_STEPS steps).
-2. student: SFT of a smaller embedded model (STUDENT, about a fifth of the teacher's
-   parameters, the same tokenizer) on the demonstrations calc-sft learned from.
+2. student: `--student CHECKPOINT` (e.g. checkpoints/calc-sft, the teacher's own start), or
+   else SFT of a smaller embedded model (STUDENT, about a fifth of the teacher's parameters,
+   the same tokenizer) on the demonstrations calc-sft learned from.
 3. grpo: RL from the student with demo.yaml's GRPO, a checkpoint every EVERY steps.
 4. distill: the same RL from the same student with `algorithm.teacher` (the teacher's
    per-token reverse-KL advantage alone), a checkpoint every EVERY steps.
@@ -37,7 +39,7 @@ TEACHER_START = ROOT / "checkpoints" / "calc-sft"
 TEACHER_STEPS = 200
 STUDENT = {"embedded.hidden_size": 96, "embedded.layers": 3, "embedded.heads": 4, "embedded.kv_heads": 2,
            "embedded.intermediate_size": 288}
-STUDENT_SFT = {"sft.cold_start": "", "sft.steps": 1500}
+STUDENT_SFT = {"sft.cold_start": "", "sft.steps": 600}
 EVERY = 10
 EVAL_TASKS, EVAL_SAMPLES = 300, 2
 WITHIN = 0.02
@@ -93,7 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "distill-calc")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "distill_calc.json")
-    parser.add_argument("--steps", type=int, default=200, help="RL steps of each student run")
+    parser.add_argument("--steps", type=int, default=100, help="RL steps of each student run")
+    parser.add_argument("--student", type=Path, help="the student's checkpoint (default: SFT of the smaller STUDENT)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     work, threads = args.work, args.threads
@@ -102,29 +105,32 @@ def main() -> None:
     if not (teacher_run / "rl" / "final").exists():
         toolpolicy("train", teacher_run, {"rl.init_from": TEACHER_START, "rl.steps": TEACHER_STEPS, "run.checkpoint_every": TEACHER_STEPS}, threads)
     teacher = teacher_run / "rl" / "final"
-    student_run = work / "student"
-    if not (student_run / "sft" / "final").exists():
-        toolpolicy("sft", student_run, {**STUDENT, **STUDENT_SFT}, threads)
-    student = student_run / "sft" / "final"
+    student = args.student
+    if student is None:
+        student_run = work / "small-student" / "student"
+        if not (student_run / "sft" / "final").exists():
+            toolpolicy("sft", student_run, {**STUDENT, **STUDENT_SFT}, threads)
+        student = student_run / "sft" / "final"
+    runs_dir = work / (student.resolve().name if args.student else "small-student")
 
     runs = {
-        "grpo": rl_run(work, "grpo", student, args.steps, {}, threads),
-        "distill": rl_run(work, "distill", student, args.steps, {"algorithm.teacher": teacher, "algorithm.teacher_alone": True}, threads),
+        "grpo": rl_run(runs_dir, "grpo", student, args.steps, {}, threads),
+        "distill": rl_run(runs_dir, "distill", student, args.steps, {"algorithm.teacher": teacher, "algorithm.teacher_alone": True}, threads),
     }
     teacher_accuracy = accuracy(work, "teacher", teacher, {}, threads)
-    student_accuracy = accuracy(work, "student", student, {}, threads)
+    student_accuracy = accuracy(work, f"student-{runs_dir.name}", student, {}, threads)
     target = teacher_accuracy - WITHIN
     for name, run in runs.items():
-        checkpoints = sorted((work / name / "rl" / "checkpoints").glob("step_*"))
+        checkpoints = sorted((runs_dir / name / "rl" / "checkpoints").glob("step_*"))
         curve = [(0, student_accuracy)] + [
-            (int(c.name.split("_")[1]), accuracy(work, f"{name}-{c.name}", c, {}, threads)) for c in checkpoints
+            (int(c.name.split("_")[1]), accuracy(work, f"{runs_dir.name}-{name}-{c.name}", c, {}, threads)) for c in checkpoints
         ]
         run["held_out"] = curve
         run["steps_to_within_2_points"] = first_within(curve, target)
     grpo_steps, distill_steps = runs["grpo"]["steps_to_within_2_points"], runs["distill"]["steps_to_within_2_points"]
     write_result(args.out, {
         "config": str(CONFIG.relative_to(ROOT)), "teacher_start": str(TEACHER_START.relative_to(ROOT)), "teacher_steps": TEACHER_STEPS,
-        "student": STUDENT, "student_sft": STUDENT_SFT, "eval": {"tasks": EVAL_TASKS, "samples": EVAL_SAMPLES},
+        "student": str(args.student) if args.student else {"shape": STUDENT, "sft": STUDENT_SFT}, "eval": {"tasks": EVAL_TASKS, "samples": EVAL_SAMPLES},
         "teacher_accuracy": teacher_accuracy, "student_accuracy": student_accuracy, "target": target,
         "steps_ratio": None if grpo_steps is None or distill_steps is None else distill_steps / grpo_steps,
         "runs": runs,

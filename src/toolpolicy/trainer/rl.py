@@ -617,7 +617,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
             record["staleness"] = staleness
             if teacher is not None:
-                record["distill/reverse_kl"] = teacher.reverse_kl
+                record.update({"distill/reverse_kl": teacher.reverse_kl, "tokens/teacher": teacher.tokens})
             if store is not None:
                 stored = time.perf_counter()
                 records = step_records(sampled, advantages, keep, recomputed, success)

@@ -45,16 +45,20 @@ class Teacher:
     micro_batch_tokens: int | None
     reverse_kl: float = field(default=0.0, init=False)
     """The last scored episodes' reverse KL(student || teacher) per sampled token."""
+    tokens: int = field(default=0, init=False)
+    """Token positions the teacher's forward ran on the last scored episodes."""
 
     def logprobs(self, trajectories: list[Trajectory]) -> Tensor:
         """[B, L-1] (L: the longest), the teacher's log-prob of each sampled token, 0 elsewhere."""
         batch = collate(trajectories, self.pad_id)
         out = torch.zeros(batch.targets.shape)
+        self.tokens = 0
         self.model.eval()
         with torch.no_grad():
             for rows, piece in micro_batches(batch, self.micro_batch_size, self.micro_batch_tokens):
                 values, _ = self.recompute.logprobs(self.model, piece, self.temperature)  # [b, l]
                 out[rows, : values.shape[1]] = values.float().cpu()
+                self.tokens += self.recompute.tokens(piece)
         self.reverse_kl = reverse_kl_per_token(batch.old_logprobs, out, batch.loss_mask)
         return out
 
