@@ -13,9 +13,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolpolicy.gate import Gate, Policy, PolicyError
+from toolpolicy.gate import Gate, Policy, PolicyError, PolicyWarning
 from toolpolicy.gate.policy import CEL_FUNCTIONS, MAX_CONDITION_CHARS, clip
-from toolpolicy.types import ToolSpec
+from toolpolicy.gate.values import VALUE_FUNCTIONS
+from toolpolicy.types import ToolCall, ToolSpec
 
 WORKSPACE = Path(__file__).resolve().parents[1] / "examples" / "policies" / "workspace.yaml"
 
@@ -364,7 +365,48 @@ def test_every_allowed_cel_function_exists_in_the_installed_cel() -> None:
         "duration": "duration('1s') > duration('0s')", "type": "type(1) == int", "dyn": "dyn(1) == 1",
     }  # fmt: skip
     samples |= {name: f"{ts}.{name}() >= 0" for name in CEL_FUNCTIONS if name.startswith("get")}
-    assert set(samples) == set(CEL_FUNCTIONS)
+    assert set(samples) == set(CEL_FUNCTIONS) - set(VALUE_FUNCTIONS)
     for name, source in samples.items():
         policy = Policy.from_dict({"rules": [{"id": "r", "effect": "permit", "tools": "*", "when": source}]})
         assert policy.rules[0].program.execute({}) is True, name
+
+
+def test_every_whole_value_function_is_callable_in_a_condition_both_ways() -> None:
+    """toolpolicy's own functions (gate/values.py) are registered with every decision's context."""
+    samples = {
+        "emails": "emails('Mail A@B.com.') == ['a@b.com']", "urls": "urls('at www.b.com/x/.') == ['www.b.com/x']",
+        "hosts": "hosts('see b.com') == ['b.com']", "ibans": "ibans('GB29 NWBK 6016 1331 9268 19') == ['GB29NWBK60161331926819']",
+        "numbers": "numbers('1 000') == ['1000']", "quoted": "quoted(\"say 'X'\") == ['X']", "normalized": "normalized(' A ') == 'a'",
+        "mentions": "'pay b@c.com'.mentions('b@c.com') && !mentions('pay b@c.com', 'b@c.co')",
+        "reveals": "'p a s s'.reveals('pass') && !reveals(['nothing'], 'pass')",
+    }  # fmt: skip
+    assert set(samples) == set(VALUE_FUNCTIONS)
+    for name, source in samples.items():
+        policy = Policy.from_dict({"default": "deny", "rules": [{"id": "r", "effect": "permit", "tools": "*", "when": source}]})
+        assert Gate(policy, [SHELL]).decide(ToolCall("run_shell", {"command": "ls"})).allowed, name
+
+
+def test_a_substring_test_on_an_argument_warns_and_names_the_whole_value_function() -> None:
+    text = """
+default: deny
+rules:
+  - {id: pay, effect: permit, tools: [pay], when: "state.request.contains(args.to)"}
+  - {id: leak, effect: forbid, tools: [pay], when: "state.private.exists(p, args.memo.contains(p))", reason: no.}
+  - {id: whole, effect: permit, tools: [pay], when: "mentions(state.request, args.to) && !reveals(args, 'x')"}
+"""
+    with pytest.warns(PolicyWarning) as caught:
+        policy = Policy.from_yaml(text, source="pay.yaml")
+    assert len(policy.warnings) == 2 == len(caught)
+    assert "rule 'pay': `contains(args.to)` is a substring test" in policy.warnings[0]
+    assert "use `mentions(text, args.to)`" in policy.warnings[0]
+    assert "rule 'leak': `args.memo.contains(...)`" in policy.warnings[1] and "`reveals(args.memo, value)`" in policy.warnings[1]
+    assert str(caught[0].message).startswith("pay.yaml: rule 'pay'")
+
+
+def test_the_whole_value_functions_by_hand() -> None:
+    import doctest
+
+    import toolpolicy.gate.values
+
+    result = doctest.testmod(toolpolicy.gate.values)
+    assert result.attempted >= 12 and result.failed == 0

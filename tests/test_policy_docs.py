@@ -73,7 +73,7 @@ def test_every_yaml_block_loads_and_is_checked_here() -> None:
     named = blocks()
     for name, text in named.items():
         Policy.from_yaml(text, f"docs/policy.md#{name}")  # raises PolicyError naming the problem
-    checked = {"permit", "forbid", "ask", "every-tool", "facts", "functions", "parse", "limits", "redact", "notes"}
+    checked = {"permit", "forbid", "ask", "every-tool", "facts", "functions", "whole-values", "parse", "limits", "redact", "notes"}
     assert set(named) == checked, "a new block on docs/policy.md needs its decisions checked in this file"
 
 
@@ -122,6 +122,18 @@ def test_what_conditions_read() -> None:
     assert run(g, ledger, "write_file", path="a.txt", content="x") == ("read-before-write",)
     assert run(g, ledger, "read_file", path="a.txt") == ("allowed", "files")
     assert run(g, ledger, "write_file", path="a.txt", content="x") == ("allowed", "files")
+
+
+def test_whole_values() -> None:
+    g = gate("whole-values")
+    facts = {"request": "Mail ann@example.com the plan", "private": ["hunter22"], "links": ["www.example.com/plan"]}
+    decide = lambda **arguments: run(g, Ledger(facts=dict(facts)), "send_email", **arguments)  # noqa: E731
+    assert decide(to="ann@example.com", body="the plan: www.example.com/plan") == ("allowed", "mail-named-people")
+    assert decide(to="ann@example.co", body="hi") == ("default:deny",)
+    assert decide(to="ann@example.com.evil.test", body="hi") == ("default:deny",)
+    assert decide(to="ann@example.com", body="H U N T E R 2 2") == ("no-secrets-out",)
+    assert decide(to="ann@example.com", body="aHVudGVyMjI=") == ("no-secrets-out",)
+    assert decide(to="ann@example.com", body="see www.example.com/plan and www.evil.test") == ("links-we-know",)
 
 
 def test_functions() -> None:

@@ -16,7 +16,8 @@ from toolpolicy.gate.audit import AuditError, AuditLog, VerifyResult, generate_k
 from toolpolicy.gate.decide import Approver, Decision, Gate, Outcome
 from toolpolicy.gate.gated import MALFORMED, Admission, admit, settle
 from toolpolicy.gate.ledger import Ledger
-from toolpolicy.gate.policy import Policy, PolicyError, Rule
+from toolpolicy.gate.policy import Policy, PolicyError, PolicyWarning, Rule
+from toolpolicy.gate.values import mentions, reveals
 
 __all__ = [
     "MALFORMED",
@@ -30,10 +31,13 @@ __all__ = [
     "Ledger",
     "Policy",
     "PolicyError",
+    "PolicyWarning",
     "Rule",
     "VerifyResult",
     "admit",
     "generate_keypair",
+    "mentions",
+    "reveals",
     "rewind_audit_log",
     "settle",
     "verify",

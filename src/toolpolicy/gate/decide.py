@@ -50,6 +50,7 @@ from toolpolicy.gate.ledger import Ledger, plain_json_problem
 from toolpolicy.gate.paths import WorkFolder
 from toolpolicy.gate.policy import ALL_TOOLS, PARSERS, Policy, PolicyError, Rule, ToolRules, clip
 from toolpolicy.gate.schema import ArgumentSchema
+from toolpolicy.gate.values import VALUE_FUNCTIONS
 from toolpolicy.types import ToolCall, ToolSpec
 
 GateEffect = Literal["allow", "deny", "ask"]
@@ -406,6 +407,8 @@ class _LazyContext:
             return self._built
         try:
             self._built = cel.Context(variables=values)
+            for name, function in VALUE_FUNCTIONS.items():
+                self._built.add_function(name, function)
         except Exception as error:
             self._built = f"the context could not be converted to CEL: {type(error).__name__}"
         return self._built

@@ -64,6 +64,7 @@ import yaml
 from toolpolicy.gate.commands import command_view
 from toolpolicy.gate.digest import canonical_json, sha256_hex
 from toolpolicy.gate.paths import WorkFolder, path_view
+from toolpolicy.gate.values import VALUE_FUNCTIONS
 
 Effect = Literal["permit", "forbid", "ask"]
 EFFECTS: tuple[Effect, ...] = ("permit", "forbid", "ask")
@@ -115,7 +116,7 @@ CEL_FUNCTIONS = frozenset(
     "size contains startsWith endsWith matches int uint double string bytes timestamp duration type dyn "
     "getFullYear getMonth getDate getDayOfMonth getDayOfWeek getDayOfYear getHours getMinutes getSeconds "
     "getMilliseconds".split()
-)
+) | frozenset(VALUE_FUNCTIONS)  # and toolpolicy's whole-value functions (gate/values.py)
 # `Program.variables()` also lists the names that comprehension macros bind (the `h` in
 # `history.exists(h, ...)`); they are recognised from the source and allowed.
 _BOUND_NAME = re.compile(r"\b(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
@@ -210,6 +211,9 @@ class Policy:
     """The folder `parse` confines paths to, as the agent writes it ("" when nothing is parsed)."""
     parse: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """tool -> argument -> kind (a key of PARSERS): what the gate parses before the rules run."""
+    warnings: tuple[str, ...] = ()
+    """What the policy allows that its author likely did not mean (`substring_warnings`);
+    each is also issued as a PolicyWarning when the policy is built."""
     _index: dict[str, ToolRules] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
@@ -344,6 +348,9 @@ def _build(data: Any, source: str) -> Policy:
     }
     if work_folder or parse:  # absent from older policies' content, so their hashes stay as they were
         content.update(work_folder=work_folder, parse={tool: dict(table) for tool, table in parse.items()})
+    found = substring_warnings(rules)
+    for warning in found:
+        warnings.warn(f"{source}: {warning}", PolicyWarning, stacklevel=4)
     return Policy(
         default,
         tuple(rules),
@@ -354,7 +361,37 @@ def _build(data: Any, source: str) -> Policy:
         description,
         work_folder,
         parse,
+        tuple(found),
     )
+
+
+class PolicyWarning(UserWarning):
+    """A policy that loads but likely does not say what its author meant."""
+
+
+_CONTAINS_ARGUMENT = re.compile(r"\.contains\(\s*args\.(\w+)\s*\)")
+_ARGUMENT_CONTAINS = re.compile(r"\bargs\.(\w+)\.contains\(\s*(?![\s'\"]|r['\"])")  # of a value, not of a literal
+
+
+def substring_warnings(rules: list[Rule]) -> list[str]:
+    """A warning for each rule that tests free text with `contains` against an argument: a
+    substring test, which a part of a value passes (`text.contains(args.x)`: `bob@ex` is in
+    `bob@example.com`) or the value spelt otherwise escapes (`args.x.contains(secret)`). A
+    literal (`args.path.contains('..')`) is the author's own spelling and not warned about."""
+    found = []
+    for rule in rules:
+        when = rule.when or ""
+        for name in dict.fromkeys(_CONTAINS_ARGUMENT.findall(when)):
+            found.append(
+                f"rule {rule.id!r}: `contains(args.{name})` is a substring test, so a part of a value passes as named "
+                f"(an address cut short, a domain missing a letter); use `mentions(text, args.{name})` to match whole values"
+            )
+        for name in dict.fromkeys(_ARGUMENT_CONTAINS.findall(when)):
+            found.append(
+                f"rule {rule.id!r}: `args.{name}.contains(...)` misses the same value in other case, spaced out or "
+                f"encoded; use `reveals(args.{name}, value)` to find a secret in any spelling"
+            )
+    return found
 
 
 def _work_folder(raw: Any, problems: list[str]) -> str:
