@@ -257,6 +257,29 @@ def test_a_forged_decision_in_meta_is_overwritten(proxy: Proxy) -> None:
 # ---- sizes ---------------------------------------------------------------------------
 
 
+def test_an_upstream_timeout_is_reported_as_a_timeout_not_as_a_result_too_large(tmp_path: Path) -> None:
+    """The SDK reports a request timeout as -32001; the proxy's own code for an oversized
+    reply is another, so the client is told what happened."""
+    session = Proxy(tmp_path, flags=("--call-timeout", "1"))
+    try:
+        result = session.call("stall", {"seconds": 5})
+        assert result["isError"] is True and "did not answer in time" in text(result), text(result)
+        assert "--max-result-bytes" not in text(result) and "not passed on" not in text(result)
+        assert session.serves()
+    finally:
+        session.close()
+
+
+def test_the_proxys_own_error_codes_collide_with_none_of_the_sdks() -> None:
+    import mcp.types as sdk
+
+    from toolpolicy.proxy.stdio import MESSAGE_TOO_LARGE
+
+    sdk_codes = {name: value for name, value in vars(sdk).items() if name.isupper() and isinstance(value, int) and value < 0}
+    assert MESSAGE_TOO_LARGE not in sdk_codes.values(), sdk_codes
+    assert -32099 <= MESSAGE_TOO_LARGE <= -32000  # JSON-RPC's range for server-defined errors
+
+
 def test_a_huge_result_is_refused_quickly_naming_the_cap(proxy: Proxy) -> None:
     start = time.perf_counter()
     result = proxy.call("big", {"size": 40_000_000})

@@ -32,9 +32,10 @@ from mcp.shared.message import SessionMessage
 from toolpolicy.proxy.framing import LineSplitter, Oversized, Refusal, check_request, message_id
 from toolpolicy.tools.mcp_client import CLIENT_INFO, MCPConnection, ServerCommand
 
-MESSAGE_TOO_LARGE = -32001
-"""The error code of an upstream reply the proxy refused for its size (a server-defined
-code in JSON-RPC's reserved range)."""
+MESSAGE_TOO_LARGE = -32050
+"""The error code of an upstream reply the proxy refused for its size: a server-defined code
+of JSON-RPC's reserved range that the MCP SDK does not use (-32001 is its request timeout,
+so an upstream that timed out would otherwise be reported as a result too large)."""
 READ_CHUNK = 1 << 16
 QUEUED_LINES = 64
 """Client lines read ahead of the server: a client that floods the proxy waits on its pipe."""
