@@ -455,6 +455,20 @@ def test_what_a_program_writes_on_the_status_pipe_is_its_own_error(sandbox: Pyth
     assert (killed.status, killed.reason) == ("killed", "The process was killed by signal 40.")
 
 
+def test_what_crosses_the_status_pipe_is_text_an_observation_can_carry(sandbox: PythonSandbox) -> None:
+    """A lone surrogate or a terminal escape in the program's own exception reaches the model
+    escaped, as the program's exception; spelt by the program on the pipe, it is tampering."""
+    raised = sandbox.run("class \u041e\u0448\u0438\u0431\u043a\u0430(Exception): pass\nraise ValueError('bad \\ud800 \\x1b[2J end')")
+    assert (raised.status, raised.error) == ("exception", "tool_error"), raised
+    raised.observation().encode("utf-8")  # raised UnicodeEncodeError when the summary crossed as it was
+    forged = json.dumps({"type": "ValueError", "errno": None, "summary": "\ud800"})  # JSON spells a lone surrogate
+    for code in (f"import os; os.write(3, {forged.encode()!r}); raise SystemExit(1)",
+                 "import os; os.write(3, b'{\"type\": \"E\", \"errno\": 99999999999, \"summary\": \"x\"}'); raise SystemExit(1)"):
+        run = sandbox.run(code)
+        assert (run.status, run.error) == ("tampered", "tool_error"), run
+        run.observation().encode("utf-8")
+
+
 def test_code_runs_without_privileges(sandbox: PythonSandbox) -> None:
     require(sandbox, "user")
     code = (

@@ -56,6 +56,7 @@ import tempfile
 import time
 import traceback
 import types
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -76,6 +77,8 @@ CODE_FD = 4  # where it reads its code, until end of file
 MAX_SUMMARY_CHARS = 500
 MAX_STATUS_BYTES = 8192  # a report of MAX_SUMMARY_CHARS, each escaped to 12 bytes, fits
 MAX_TYPE_CHARS = 100
+MAX_ERRNO = 4095
+"""The largest errno a report may carry (Linux's are below 200; the kernel reserves up to 4095)."""
 
 # The call's file system: the host folders it sees (read-only), its devices and its empty folders.
 SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -819,15 +822,34 @@ def judge_status(raw: bytes, exit_code: int | None) -> tuple[dict[str, Any] | No
 
 
 def valid_exception(exception: Any) -> bool:
-    """Whether `exception` has exactly the shape `_report_exception` writes."""
+    """Whether `exception` has exactly the shape `_report_exception` writes: an identifier,
+    an errno the kernel could give, and a summary of printable text that encodes as UTF-8
+    (JSON can spell a lone surrogate, which no observation can carry).
+
+    >>> valid_exception({"type": "OSError", "errno": 28, "summary": "OSError: no space"})
+    True
+    >>> [valid_exception({"type": "E", "errno": n, "summary": s}) for n, s in [(None, "\\ud800"), (10**30, "x"), (None, "a\\x1b[2J")]]
+    [False, False, False]
+    """
     if not isinstance(exception, dict) or set(exception) != {"type", "errno", "summary"}:
         return False
     name, number, summary = exception["type"], exception["errno"], exception["summary"]
     return (
-        isinstance(name, str) and name.isidentifier() and len(name) <= MAX_TYPE_CHARS
-        and (number is None or type(number) is int)
-        and isinstance(summary, str) and len(summary) <= MAX_SUMMARY_CHARS
+        isinstance(name, str) and name.isidentifier() and printable(name) == name and len(name) <= MAX_TYPE_CHARS
+        and (number is None or (type(number) is int and 0 <= number <= MAX_ERRNO))
+        and isinstance(summary, str) and len(summary) <= MAX_SUMMARY_CHARS and printable(summary) == summary
     )  # fmt: skip
+
+
+def printable(text: str) -> str:
+    """`text` as an observation can carry it: what does not encode as UTF-8 (a lone surrogate)
+    and control characters other than tab and newline written as backslash escapes.
+
+    >>> printable("bad \\ud800 and \\x1b[2J here\\n")
+    'bad \\\\ud800 and \\\\x1b[2J here\\n'
+    """
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(ch if ch in "\t\n" or unicodedata.category(ch) != "Cc" else ch.encode("unicode_escape").decode() for ch in text)
 
 
 def new_folder(previous: str | None, config: dict[str, Any], isolation: dict[str, Any]) -> str:
@@ -1017,7 +1039,10 @@ def _report_exception(error: BaseException, on_status_pipe: bool) -> None:
     """The traceback, trimmed to the code's own frames, on stderr; its type and errno on fd 3."""
     summary = traceback.format_exception_only(type(error), error)[-1].strip()
     number = error.errno if isinstance(error, OSError) and type(error.errno) is int else None
-    report = {"type": type(error).__name__[:MAX_TYPE_CHARS], "errno": number, "summary": summary[:MAX_SUMMARY_CHARS]}
+    name = type(error).__name__ if printable(type(error).__name__) == type(error).__name__ else "Exception"
+    if number is not None and not 0 <= number <= MAX_ERRNO:
+        number = None
+    report = {"type": name[:MAX_TYPE_CHARS], "errno": number, "summary": printable(summary)[:MAX_SUMMARY_CHARS]}
     try:
         if on_status_pipe:
             os.write(STATUS_FD, json.dumps(report).encode())
