@@ -50,10 +50,10 @@ NAME_TRICKS = {
 class Proxy:
     """A proxy process in front of the hostile server, driven line by line."""
 
-    def __init__(self, folder: Path, env: dict[str, str] | None = None, flags: tuple[str, ...] = ()) -> None:
+    def __init__(self, folder: Path, env: dict[str, str] | None = None, flags: tuple[str, ...] = (), rules: str = POLICY) -> None:
         self.folder = folder
         policy = folder / "policy.yaml"
-        policy.write_text(POLICY)
+        policy.write_text(rules)
         command = [sys.executable, "-m", "toolpolicy.cli", "gate", "serve", "--policy", str(policy)]
         command += ["--audit", str(folder / "audit.jsonl"), "--no-fsync", *flags, "--", sys.executable, str(HOSTILE)]
         environment = {**os.environ, "PYTHONPATH": str(SOURCE), **(env or {})}
@@ -278,6 +278,37 @@ def test_the_proxys_own_error_codes_collide_with_none_of_the_sdks() -> None:
     sdk_codes = {name: value for name, value in vars(sdk).items() if name.isupper() and isinstance(value, int) and value < 0}
     assert MESSAGE_TOO_LARGE not in sdk_codes.values(), sdk_codes
     assert -32099 <= MESSAGE_TOO_LARGE <= -32000  # JSON-RPC's range for server-defined errors
+
+
+LIMITED = POLICY + """
+limits:
+  max_calls: {echo: 2}
+"""
+
+
+def test_a_restarted_proxy_keeps_its_ledger_and_rebuilds_it_from_the_audit_log(tmp_path: Path) -> None:
+    """An MCP host restarting the server must not reset the call limits: the ledger saved
+    beside the audit log carries over, and without it the log itself is counted."""
+    first = Proxy(tmp_path, rules=LIMITED)
+    try:
+        assert [text(first.call("echo", {"text": t})) for t in ("a", "b")] == ["a", "b"]
+    finally:
+        first.close()
+    saved = tmp_path / "audit.jsonl.ledger.json"
+    assert saved.exists() and saved.stat().st_mode & 0o777 == 0o600
+    second = Proxy(tmp_path, rules=LIMITED)
+    try:
+        assert denied(second.call("echo", {"text": "c"}), "limit:max_calls:echo")
+        assert "counted" not in second.errors()  # the saved ledger was used
+    finally:
+        second.close()
+    saved.unlink()
+    third = Proxy(tmp_path, rules=LIMITED)
+    try:
+        assert denied(third.call("echo", {"text": "d"}), "limit:max_calls:echo")
+        assert "counted 3 decisions from" in third.errors() and third.serves()
+    finally:
+        third.close()
 
 
 def test_a_huge_result_is_refused_quickly_naming_the_cap(proxy: Proxy) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from toolpolicy.gate.digest import canonical_json
+from toolpolicy.gate.digest import args_digest, canonical_json
 from toolpolicy.types import ToolCall
 
 Outcome = Literal["ok", "error", "denied"]
@@ -110,7 +110,7 @@ class Ledger:
         if outcome == "denied":
             _count(self.denials, call.name)
             self.total_denials += 1
-            self._denied.add(call_digest(call.name, args))
+            self._denied.add(call_digest(call.name, call.arguments))
             return
         _count(self.counts, call.name)
         self.total_calls += 1
@@ -120,6 +120,42 @@ class Ledger:
         else:
             self.consecutive_errors[call.name] = self.consecutive_errors.get(call.name, 0) + 1
             self.consecutive_errors["*"] = self.consecutive_errors.get("*", 0) + 1
+
+    def state(self) -> dict[str, Any]:
+        """Everything the ledger holds, as plain JSON (`Ledger.from_state` reads it back)."""
+        return {
+            "facts": plain_copy(self._facts), "facts_problem": self.facts_problem, "counts": dict(self.counts),
+            "denials": dict(self.denials), "consecutive_errors": dict(self.consecutive_errors),
+            "history": [plain_copy(entry) for entry in self.history], "total_calls": self.total_calls,
+            "total_attempts": self.total_attempts, "total_denials": self.total_denials,
+            "denied": sorted(digest.hex() for digest in self._denied),
+        }  # fmt: skip
+
+    @staticmethod
+    def from_state(state: Mapping[str, Any]) -> Ledger:
+        """The ledger `state()` described (ValueError or KeyError on a state of another shape)."""
+        ledger = Ledger(state["facts"])
+        ledger.facts_problem = state["facts_problem"] or ledger.facts_problem
+        ledger.counts, ledger.denials = dict(state["counts"]), dict(state["denials"])
+        ledger.consecutive_errors = dict(state["consecutive_errors"])
+        ledger.history.extend(plain_copy(entry) for entry in state["history"])
+        ledger.total_calls, ledger.total_attempts = int(state["total_calls"]), int(state["total_attempts"])
+        ledger.total_denials = int(state["total_denials"])
+        ledger._denied = {bytes.fromhex(digest) for digest in state["denied"]}
+        return ledger
+
+    def recount(self, name: str, decision: str, arguments_digest: str) -> None:
+        """Count a decision read back from an audit log, where only the tool, the effect and
+        the arguments' digest are kept: an allowed call as one that ran (whether it then
+        succeeded is not known), a denied one as denied, with its digest for `denied_before`."""
+        self.total_attempts += 1
+        if decision == "allow":
+            _count(self.counts, name)
+            self.total_calls += 1
+            return
+        _count(self.denials, name)
+        self.total_denials += 1
+        self._denied.add(_digest_of(name, arguments_digest))
 
     def attempts(self, name: str) -> int:
         """Calls of tool `name` recorded so far, ran or denied."""
@@ -136,12 +172,14 @@ def _count(table: dict[str, int], name: str) -> None:
 
 
 def call_digest(name: str, arguments: Any) -> bytes:
-    """16 bytes naming a call by tool and canonical arguments (key order does not matter)."""
-    try:
-        text = canonical_json([name, arguments])
-    except (TypeError, ValueError):  # not plain JSON: the marker `record` stores instead
-        text = canonical_json([name, {"_unrepresentable": True}])
-    return hashlib.blake2b(text.encode("ascii"), digest_size=16).digest()
+    """16 bytes naming a call by tool and arguments: of the tool and the arguments' digest as
+    the audit log keeps it (`args_digest`: canonical JSON, key order does not matter), so a
+    ledger rebuilt from the log knows the same denied calls."""
+    return _digest_of(name, args_digest(arguments))
+
+
+def _digest_of(name: str, arguments_digest: str) -> bytes:
+    return hashlib.blake2b(canonical_json([name, arguments_digest]).encode("ascii"), digest_size=16).digest()
 
 
 _LEAF_TYPES = frozenset({int, float, bool, type(None)})

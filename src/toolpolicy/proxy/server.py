@@ -13,7 +13,8 @@ itself and forwards tools/list and tools/call. On every tools/call it
    and was never approved (`gate:tool_not_approved`), one whose definition changed
    since it was approved (`gate:definition_changed`; see pins.py),
 4. asks the gate (`gate.admit`, the gated call the rollout engines use too: policy
-   rules, limits, argument schema) with one Ledger for the whole session,
+   rules, limits, argument schema) with one Ledger, kept across restarts beside the audit
+   log and rebuilt from it when it must be (ledger_file.py),
 5. forwards an allowed call, refuses a result over `max_result_bytes`, and redacts the
    built-in secret formats and the policy's patterns from every string of the result
    (results.py); an upstream error message is redacted too.
@@ -42,6 +43,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -54,6 +56,7 @@ from toolpolicy.gate import AuditError, AuditLog, Decision, Gate, Ledger, Policy
 from toolpolicy.proxy.names import RefusedName, refused_names
 from toolpolicy.proxy.pins import INSTRUCTIONS, PinStore, instructions_definition, tool_definition
 from toolpolicy.proxy.results import error_result, json_bytes, passed_on
+from toolpolicy.proxy.ledger_file import ledger_file, restored_ledger, save_ledger
 from toolpolicy.proxy.stdio import MESSAGE_TOO_LARGE, UpstreamConnection, client_stdio
 from toolpolicy.tools.mcp_client import MCPConnection, ServerCommand, failure
 from toolpolicy.types import ToolCall, ToolSpec
@@ -123,6 +126,7 @@ class PolicyProxy:
         pins: PinStore,
         settings: ProxySettings = ProxySettings(),
         warn: Callable[[str], None] | None = None,
+        ledger_path: Path | None = None,
     ) -> None:
         self.upstream = upstream
         self.policy = policy
@@ -130,7 +134,12 @@ class PolicyProxy:
         self.pins = pins
         self.settings = settings
         self.warn = warn or _warn
+        self.ledger_path = ledger_path
         self.ledger = Ledger()
+        if ledger_path is not None:  # the ledger of the proxy's earlier runs on this audit log
+            self.ledger, note = restored_ledger(ledger_path, audit)
+            if note:
+                self.warn(note)
         self.gate: Gate | None = None
         self._tools: dict[str, types.Tool] = {}
         self._seen: dict[str, dict[str, Any]] = {}  # name -> pinned part of the definition, as last listed
@@ -189,7 +198,18 @@ class PolicyProxy:
         return [self._shown(tool) for name, tool in self._tools.items() if self._visible(name)]
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """Size cap, pinning checks, gate decision, forward, cap and redact; every outcome is a result."""
+        """Size cap, pinning checks, gate decision, forward, cap and redact; every outcome is a
+        result. The ledger is saved beside the audit log after each call."""
+        try:
+            return await self._call_tool(name, arguments)
+        finally:
+            if self.ledger_path is not None:
+                try:
+                    save_ledger(self.ledger_path, self.ledger, self.audit)
+                except OSError as error:  # the audit log still holds every decision to count from
+                    self.warn(f"could not save the ledger to {self.ledger_path}: {error}")
+
+    async def _call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         call = ToolCall(name, arguments)
         size = json_bytes(arguments)
         try:
@@ -336,7 +356,7 @@ async def serve(
     """
     connection = UpstreamConnection(upstream, settings.connect_timeout, settings.upstream_message_bytes)
     async with connection:
-        proxy = PolicyProxy(connection, policy, audit, pins, settings)
+        proxy = PolicyProxy(connection, policy, audit, pins, settings, ledger_path=ledger_file(audit.path))
         await proxy.refresh(starting=True)
         offered = connection.initialize_result.instructions if connection.initialize_result else None
         server = proxy.server(await proxy.pinned_instructions(offered))
