@@ -407,8 +407,8 @@ class _LazyContext:
             return self._built
         try:
             self._built = cel.Context(variables=values)
-            for name, function in VALUE_FUNCTIONS.items():
-                self._built.add_function(name, function)
+            for name in self._rules.functions:
+                self._built.add_function(name, VALUE_FUNCTIONS[name])
         except Exception as error:
             self._built = f"the context could not be converted to CEL: {type(error).__name__}"
         return self._built
