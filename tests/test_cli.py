@@ -4,6 +4,7 @@ errors, bugs that show their traceback, the audit log across phases (resume: tes
 from __future__ import annotations
 
 import json
+import os
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -255,12 +256,11 @@ def test_a_config_write_cut_short_keeps_the_old_file(tmp_path: Path, monkeypatch
     save_config(load_config(None), path)
     before = path.read_text()
 
-    def cut_short(self: Path, text: str, *args, **kwargs) -> None:  # Ctrl-C halfway through the write
-        with open(self, "w") as half:
-            half.write(text[: len(text) // 2])
+    def cut_short(descriptor: int, data: bytes) -> None:  # Ctrl-C halfway through the write
+        os.write(descriptor, data[: len(data) // 2])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Path, "write_text", cut_short)
+    monkeypatch.setattr("toolpolicy.atomic.write_all", cut_short)
     with pytest.raises(KeyboardInterrupt):
         save_config(load_config(None, ["rl.steps=7"]), path)
     monkeypatch.undo()

@@ -395,8 +395,12 @@ def test_a_writer_killed_while_creating_a_log_leaves_one_that_verifies(
     """The head of a new log is written before the log file is created."""
     log = tmp_path / "audit.jsonl"
 
-    def killed(*args: object, **kwargs: object) -> int:
-        raise SystemExit("killed as the log file was being created")
+    real_open = os.open
+
+    def killed(path: object, *args: object, **kwargs: object) -> int:
+        if Path(str(path)) == log:
+            raise SystemExit("killed as the log file was being created")
+        return real_open(path, *args, **kwargs)
 
     with monkeypatch.context() as patch:
         patch.setattr(os, "open", killed)

@@ -72,3 +72,22 @@ def test_a_ledger_of_another_log_is_not_used(tmp_path: Path) -> None:
     saved.write_text(json.dumps(body))
     with AuditLog(log, durable=False) as audit:
         assert restored_ledger(saved, audit)[0].counts == {"echo": 1}
+
+
+def test_a_ledger_saved_at_the_logs_end_is_taken_without_reading_the_log(tmp_path: Path, monkeypatch) -> None:
+    """The usual start (the last stop saved after the last record): a long log is not read."""
+    import toolpolicy.proxy.ledger_file as ledger_file
+
+    log, saved = tmp_path / "audit.jsonl", tmp_path / "audit.jsonl.ledger.json"
+    ledger = session(log, Ledger(), ["a", "secret"])
+    with AuditLog(log, durable=False) as audit:
+        save_ledger(saved, ledger, audit)
+    read: list[Path] = []
+    monkeypatch.setattr(ledger_file, "_records", lambda path: read.append(path) or [])
+    with AuditLog(log, durable=False) as audit:
+        back, note = restored_ledger(saved, audit)
+    assert read == [] and note is None and back.state() == ledger.state()
+    session(log, Ledger(), ["b"])  # a record after the stamp: now the log must be read
+    with AuditLog(log, durable=False) as audit:
+        restored_ledger(saved, audit)
+    assert read == [log]

@@ -35,13 +35,14 @@ are taken from the current folder.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from toolpolicy.atomic import replace_file
 
 
 class ConfigError(ValueError):
@@ -744,14 +745,8 @@ def changed_fields(before: Config, after: Config) -> list[str]:
 
 
 def save_config(config: Config, path: Path) -> None:
-    """Write `config` to `path` whole or not at all: an interrupted write keeps the old file.
-    The temporary file is the process's own (every rank of a torchrun writes the config)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # gone after the replace; a half-written one if interrupted
+    """Write `config` to `path` whole or not at all: an interrupted write keeps the old file."""
+    replace_file(path, yaml.safe_dump(config.model_dump(), sort_keys=False))
 
 
 def migrate(flat: dict[str, Any]) -> dict[str, Any]:

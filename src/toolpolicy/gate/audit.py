@@ -62,6 +62,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from toolpolicy.atomic import replace_file, write_all
 from toolpolicy.gate.digest import ZERO_HASH, args_digest, canonical_json, sha256_hex
 from toolpolicy.types import ToolCall
 
@@ -205,7 +206,7 @@ class AuditLog:
         if not self.path.exists() and read_head(self.head_path) is None:
             # A new log gets its head first, so that a writer killed while creating it leaves
             # a head for 0 records (which verifies), never records or an empty file without one.
-            _write_head(self.head_path, head_bytes(log_id or new_log_id(), 0, ZERO_HASH, self._key), durable)
+            replace_file(self.head_path, head_bytes(log_id or new_log_id(), 0, ZERO_HASH, self._key), durable=durable)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             if fcntl is not None:
@@ -243,10 +244,10 @@ class AuditLog:
             line = (json.dumps(record, separators=(",", ":"), ensure_ascii=True) + "\n").encode("ascii")
             head = head_bytes(self.log_id, record["seq"], record["hash"], self._key)
             try:
-                _write_all(self._fd, line)
+                write_all(self._fd, line)
                 if self.durable:
                     os.fsync(self._fd)
-                    _write_head(self.head_path, head, durable=True)
+                    replace_file(self.head_path, head, durable=True)
                 else:
                     os.pwrite(self._head_fd(), head, 0)
             except OSError as error:
@@ -319,7 +320,7 @@ class AuditLog:
         else:
             seq, digest, log_id = 0, ZERO_HASH, wanted_id or new_log_id()
         if head is None or not head.names(log_id, seq, digest):  # new, or one behind after a crash
-            _write_head(self.head_path, head_bytes(log_id, seq, digest, self._key), self.durable)
+            replace_file(self.head_path, head_bytes(log_id, seq, digest, self._key), durable=self.durable)
         return seq, digest, log_id
 
     def _last_record(self, size: int) -> dict[str, Any] | None:
@@ -459,10 +460,8 @@ def rewind_audit_log(
             keep.write(json.dumps({"rewound_to_seq": seq}).encode("ascii") + b"\n" + b"".join(cut))
             keep.flush()
             os.fsync(keep.fileno())
-        temporary = path.with_name(path.name + ".rewind")
-        temporary.write_bytes(b"".join(kept))
-        os.replace(temporary, path)
-    _write_head(head_path(path), head_bytes(log_id, seq, last["hash"] if last else ZERO_HASH, key), durable=True)
+        replace_file(path, b"".join(kept))
+    replace_file(head_path(path), head_bytes(log_id, seq, last["hash"] if last else ZERO_HASH, key), durable=True)
     return replayed if cut else None
 
 
@@ -717,30 +716,6 @@ def _signature_problem(key: Ed25519PublicKey, record: dict[str, Any]) -> str | N
     except (ValueError, InvalidSignature):
         return "the signature does not verify with the given public key"
     return None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _write_head(path: Path, content: bytes, durable: bool) -> None:
-    """Replace the head file atomically: write a temporary file, fsync, rename."""
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(content)
-        if durable:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    if durable and hasattr(os, "O_DIRECTORY"):
-        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
 
 
 def read_head(path: Path) -> Head | None:

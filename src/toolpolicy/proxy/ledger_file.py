@@ -19,10 +19,10 @@ reported, so it is written readable by its owner only.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from toolpolicy.atomic import replace_file
 from toolpolicy.gate import AuditLog, Ledger
 
 
@@ -33,18 +33,19 @@ def ledger_file(audit_path: str | Path) -> Path:
 def save_ledger(path: Path, ledger: Ledger, audit: AuditLog) -> None:
     """Write `ledger` with the audit log's end as its stamp, atomically, mode 0600."""
     body = {"log_id": audit.log_id, "seq": audit.last_seq, "hash": audit.last_hash, "ledger": ledger.state()}
-    temporary = path.with_name(path.name + ".tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
-        json.dump(body, out, separators=(",", ":"))
-    os.replace(temporary, path)
+    replace_file(path, json.dumps(body, separators=(",", ":")), private=True)
 
 
 def restored_ledger(path: Path, audit: AuditLog) -> tuple[Ledger, str | None]:
     """The ledger the proxy had when it stopped, brought up to the audit log's end; and, when
     it had to be counted from the log alone, the sentence that says so."""
-    records = _records(audit.path)
     saved = _saved(path)
+    if saved is not None and _stamped_at_end(saved, audit):
+        try:  # the usual start: the last stop saved the ledger after the log's last record
+            return Ledger.from_state(saved["ledger"]), None
+        except (KeyError, TypeError, ValueError):
+            pass
+    records = _records(audit.path)
     stamp = saved.get("seq") if saved else None
     known = (
         saved is not None and saved.get("log_id") == audit.log_id and isinstance(stamp, int) and 0 <= stamp <= len(records)
@@ -67,6 +68,12 @@ def restored_ledger(path: Path, audit: AuditLog) -> tuple[Ledger, str | None]:
     for record in later:
         ledger.recount(str(record.get("tool")), str(record.get("decision")), str(record.get("args_digest")))
     return ledger, note
+
+
+def _stamped_at_end(saved: dict[str, Any], audit: AuditLog) -> bool:
+    """Whether `saved` was written when the audit log ended where it ends now (its head says
+    where), so no record of the log is left to count in."""
+    return {key: saved.get(key) for key in ("log_id", "seq", "hash")} == audit.state()
 
 
 def _records(log: Path) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.shared.message import SessionMessage
 
+from toolpolicy.atomic import write_all
 from toolpolicy.proxy.framing import LineSplitter, Oversized, Refusal, check_request, message_id
 from toolpolicy.tools.mcp_client import CLIENT_INFO, MCPConnection, ServerCommand
 
@@ -114,13 +115,7 @@ class WireWriter:
     async def send(self, message: Any) -> None:
         data = (message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode("utf-8")
         async with self._lock:
-            await anyio.to_thread.run_sync(_write_all, self.fd, data)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+            await anyio.to_thread.run_sync(write_all, self.fd, data)
 
 
 class StdinLines:

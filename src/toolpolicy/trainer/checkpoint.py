@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from toolpolicy.atomic import replace_file
 from toolpolicy.model.files import DAMAGED, CheckpointError, check_checkpoint, check_torch_zip
 from toolpolicy.trainer.trackers import Tracker, metric_names
 
@@ -216,6 +217,4 @@ class MetricsLog:
                 continue  # a line cut by a kill mid-write
             if not (record.get("phase") == phase and record.get("step", 0) > step):
                 kept.append(line)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        replace_file(self.path, "".join(line + "\n" for line in kept))

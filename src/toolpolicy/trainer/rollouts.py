@@ -24,7 +24,6 @@ resumed run opens its engines with it, and each log is cut back to it
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
+from toolpolicy.atomic import replace_file
 from toolpolicy.build import build_engine, build_env, build_rubric, load_policy_model
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.envs.base import Env
@@ -109,9 +109,7 @@ def saved_start(phase_dir: Path) -> RolloutState:
 
 def save_start(phase_dir: Path, state: RolloutState) -> None:
     phase_dir.mkdir(parents=True, exist_ok=True)
-    temporary = phase_dir / (START_FILE + ".tmp")
-    temporary.write_text(json.dumps(state))
-    os.replace(temporary, phase_dir / START_FILE)
+    replace_file(phase_dir / START_FILE, json.dumps(state))
 
 
 def score_all(

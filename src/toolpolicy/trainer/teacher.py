@@ -18,7 +18,7 @@ from toolpolicy.algorithms.distill import distillation_advantages, reverse_kl_pe
 from toolpolicy.config import ConfigError
 from toolpolicy.model import PolicyModel
 from toolpolicy.rollout import Trajectory
-from toolpolicy.trainer.batch import Recompute, collate, micro_batches
+from toolpolicy.trainer.batch import Recompute, TokenBatch, collate, micro_batches
 from toolpolicy.trainer.credit import Credit
 
 
@@ -48,9 +48,8 @@ class Teacher:
     tokens: int = field(default=0, init=False)
     """Token positions the teacher's forward ran on the last scored episodes."""
 
-    def logprobs(self, trajectories: list[Trajectory]) -> Tensor:
-        """[B, L-1] (L: the longest), the teacher's log-prob of each sampled token, 0 elsewhere."""
-        batch = collate(trajectories, self.pad_id)
+    def logprobs(self, batch: TokenBatch) -> Tensor:
+        """[B, L-1] (L: the longest), the teacher's log-prob of each sampled token of `batch`, 0 elsewhere."""
         out = torch.zeros(batch.targets.shape)
         self.tokens = 0
         self.model.eval()
@@ -87,7 +86,7 @@ class DistilledCredit:
         if rows:
             scored = [trajectories[i] for i in rows]
             batch = collate(scored, self.teacher.pad_id)
-            teacher = self.teacher.logprobs(scored)  # [R, l]
+            teacher = self.teacher.logprobs(batch)  # [R, l]
             signal = distillation_advantages(batch.old_logprobs, teacher, batch.loss_mask, self.coef)
             out[rows, : signal.shape[1]] += signal
         return out
