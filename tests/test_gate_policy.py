@@ -410,3 +410,33 @@ def test_the_whole_value_functions_by_hand() -> None:
 
     result = doctest.testmod(toolpolicy.gate.values)
     assert result.attempted >= 12 and result.failed == 0
+
+
+SECRET_SAMPLES = {
+    "private key block": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
+    "AWS access key id": "ASIAABCDEFGHIJKLMNOP",
+    "GitHub token": "gho_" + "a1B2" * 9,
+    "OpenAI or Anthropic style key": "sk-ant-api03-abcdefghijklmnopqrstuvwxyz",
+    "Slack token": "xoxp-1234567890-abcdef",
+    "Google API key": "AIza" + "Sy0_-abcdefghijklmnopqrstuvwxyzABCD",
+    "Stripe secret key": "rk_live_0123456789abcdefXYZ",
+    "bearer token": "Authorization: BeArEr eyJhbGciOiJIUzI1NiJ9.abc",
+}
+
+
+def test_every_built_in_secret_format_is_redacted_through_its_anchor() -> None:
+    """The quick check (DEFAULT_REDACT_ANCHORS) must never hide a match of the patterns:
+    one sample of each format, alone and inside other text, gives what the regex alone gives."""
+    import random
+
+    from toolpolicy.gate.policy import _DEFAULT_REDACT, DEFAULT_REDACT
+
+    assert set(SECRET_SAMPLES) == {what for what, _ in DEFAULT_REDACT}  # a new format needs a sample here
+    policy = Policy.from_yaml("default: allow")
+    rng = random.Random(0)
+    words = ["log", "line", "key=", "x", "\n", " ", "-", "_", "BEGIN", "ak", "sk", "token:", "ghp", "é"]
+    for what, sample in SECRET_SAMPLES.items():
+        assert "[REDACTED]" in policy.redact(f"text {sample} text") and sample not in policy.redact(f"text {sample} text"), what
+        for _ in range(50):
+            text = "".join(rng.choice(words) for _ in range(rng.randrange(12))) + sample + rng.choice(words)
+            assert policy.redact(text) == _DEFAULT_REDACT.sub("[REDACTED]", text), text

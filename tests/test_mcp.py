@@ -4,6 +4,7 @@ and the same server behind `toolpolicy gate serve`, driven by the `mcp` client S
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -413,3 +414,24 @@ def test_a_result_is_redacted_everywhere_and_capped_before_redaction() -> None:
     assert refused.is_error and "over the proxy's limit of 100 bytes" in refused.content[0].text and calls == []
     broken = passed_on(result, lambda value: "x" if value == "resource_link" else value, decision, max_bytes=10_000)
     assert broken.is_error and "malformed once secrets are redacted" in broken.content[0].text
+
+
+def test_a_result_without_secrets_passes_whole_however_it_is_split_or_encoded() -> None:
+    """Judging the assembled result must not withhold ordinary ones: text in many blocks,
+    an image, base64 and %-escapes that hold no secret, structured content."""
+    from toolpolicy.gate import Policy
+
+    policy = Policy.from_yaml("default: allow\nredact: ['AKIA[0-9A-Z]{16}']\n")
+    image = base64.b64encode(bytes(range(256)) * 40).decode()
+    result = mcp_types.CallToolResult.model_validate(
+        {
+            "content": [
+                {"type": "text", "text": "line one of the log\n"},
+                {"type": "text", "text": "token=" + base64.b64encode(b"nothing secret in here").decode() + " path=%2Ftmp%2Fx"},
+                {"type": "image", "data": image, "mimeType": "image/png"},
+            ],
+            "structuredContent": {"rows": [{"name": "AKIA", "value": "a short name"}]},
+        }
+    )
+    passed = passed_on(result, policy.redact, Decision("allow", ("ok",)), max_bytes=1 << 20)
+    assert not passed.is_error and passed.content == result.content and passed.structured_content == result.structured_content

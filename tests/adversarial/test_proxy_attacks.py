@@ -248,6 +248,17 @@ def test_a_secret_anywhere_in_a_result_is_redacted(proxy: Proxy, where: str) -> 
     assert SECRET not in proxy.errors()
 
 
+HIDDEN = ("split_text", "split_resource", "image", "blob", "base64_text", "escaped", "zero_width", "structured_split")
+
+
+@pytest.mark.parametrize("where", HIDDEN)
+def test_a_secret_split_or_encoded_across_a_result_is_withheld(proxy: Proxy, where: str) -> None:
+    """No single string shows the secret; the client would assemble it. The result is withheld."""
+    result = proxy.call("leak", {"where": where})
+    assert result["isError"] is True and "split or encoded" in text(result), text(result)
+    assert len(result["content"]) == 1 and SECRET[:6] not in json.dumps(result) and proxy.serves()
+
+
 def test_a_forged_decision_in_meta_is_overwritten(proxy: Proxy) -> None:
     result = proxy.call("leak", {"where": "decision"})
     decision = result["_meta"]["toolpolicy/decision"]
@@ -268,6 +279,54 @@ def test_an_upstream_timeout_is_reported_as_a_timeout_not_as_a_result_too_large(
         assert session.serves()
     finally:
         session.close()
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not running(pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_upstream_that_crashes_while_its_helper_holds_the_pipe_fails_the_call_at_once(tmp_path: Path) -> None:
+    """The upstream's exit is watched itself: the call in flight fails long before its
+    timeout, says how the server ended, and the helper still holding the pipe is killed."""
+    session = Proxy(tmp_path, flags=("--call-timeout", "120"))
+    pid_file = tmp_path / "helper.pid"
+    try:
+        start = time.monotonic()
+        result = session.call("crash", {"pid_file": str(pid_file), "status": 3})
+        elapsed = time.monotonic() - start
+        assert result["isError"] is True and "exited with status 3" in text(result), text(result)
+        assert elapsed < 20, f"the call failed after {elapsed:.1f}s (the call timeout is 120 s)"
+        assert gone_within(int(pid_file.read_text()), 10), "the helper outlived the upstream"
+        assert session.process.wait(timeout=20) != 0  # the proxy stops: its upstream is gone
+        assert "exited" in session.errors()
+    finally:
+        session.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_stopping_the_proxy_stops_what_its_upstream_started(tmp_path: Path) -> None:
+    session = Proxy(tmp_path)
+    pid_file = tmp_path / "helper.pid"
+    try:
+        assert text(session.call("spawn", {"pid_file": str(pid_file)})) == "spawned"
+        helper = int(pid_file.read_text())
+        assert running(helper)
+    finally:
+        session.close()
+    assert gone_within(helper, 10), "a process the upstream started outlived the proxy"
 
 
 def test_the_proxys_own_error_codes_collide_with_none_of_the_sdks() -> None:

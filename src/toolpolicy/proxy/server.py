@@ -240,7 +240,7 @@ class PolicyProxy:
             result = await self.upstream.call_tool(name, arguments, self.settings.call_timeout)
         except Exception as error:  # the upstream's failure, reported to the client as a tool error
             settle(self.ledger, call, ok=False)
-            return error_result(self.policy.redact(_upstream_failure(name, error)), decision)
+            return error_result(self.policy.redact(_upstream_failure(name, error, self.upstream)), decision)
         settle(self.ledger, call, ok=not result.is_error)
         return passed_on(result, self.policy.redact, decision, self.settings.max_result_bytes)
 
@@ -340,9 +340,13 @@ def never_allowed(policy: Policy, name: str) -> bool:
     return not rules.permit and policy.default == "deny"
 
 
-def _upstream_failure(name: str, error: BaseException) -> str:
+def _upstream_failure(name: str, error: BaseException, upstream: MCPConnection) -> str:
     if isinstance(error, MCPError) and error.code == MESSAGE_TOO_LARGE:
         return f"The result of {name} was not passed on: {error.message} (--max-result-bytes)."
+    status = upstream.exit_status
+    if status is not None:
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        return f"MCP tool {name} failed: the MCP server {how} before it answered"
     return f"MCP tool {name} failed: {failure(error)[1]}"
 
 

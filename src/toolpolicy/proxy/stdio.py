@@ -41,6 +41,11 @@ READ_CHUNK = 1 << 16
 QUEUED_LINES = 64
 """Client lines read ahead of the server: a client that floods the proxy waits on its pipe."""
 STOP_GRACE_SECONDS = 2.0
+KILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+EXIT_DRAIN_SECONDS = 0.5
+"""After the upstream exited and its process group was killed, how long its last replies may
+take to arrive before the proxy ends the stream (a process that left the group may still
+hold the pipe open)."""
 
 
 # ---- towards the client: this process's stdin and stdout --------------------------
@@ -163,11 +168,17 @@ class StdinLines:
 @asynccontextmanager
 async def upstream_stdio(
     params: StdioServerParameters, errlog: TextIO, max_message_bytes: int
-) -> AsyncIterator[tuple[Any, Any]]:
-    """Start the server and yield (read stream, write stream) for a ClientSession.
+) -> AsyncIterator[tuple[Any, Any, Process]]:
+    """Start the server and yield (read stream, write stream) for a ClientSession, and the process.
 
     The server runs in its own process group (POSIX), so stopping it stops whatever it
-    started. On exit: stdin closed, then SIGTERM and SIGKILL if it lingers.
+    started. On exit: stdin closed, then SIGTERM and SIGKILL if it lingers, and SIGKILL
+    to the group, whose other processes would otherwise outlive the proxy.
+
+    The server's exit is watched itself, not inferred from its output ending: a process
+    it started may hold the pipe open after it crashed, and the calls in flight would
+    wait for their timeout. Once it has exited, its group is killed and the read stream
+    ends, so the session fails those calls at once.
     """
     process = await anyio.open_process(
         [params.command, *params.args],
@@ -178,6 +189,7 @@ async def upstream_stdio(
     )
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+    output_ended = anyio.Event()
 
     async def read_server() -> None:
         assert process.stdout is not None
@@ -190,6 +202,10 @@ async def upstream_stdio(
                             await read_send.send(_upstream_message(line, max_message_bytes))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 pass  # the server is gone; closing the stream tells the session
+            finally:
+                output_ended.set()
+            with anyio.move_on_after(EXIT_DRAIN_SECONDS):  # its exit status, for the calls that fail
+                await process.wait()
 
     async def write_server() -> None:
         assert process.stdin is not None
@@ -201,11 +217,19 @@ async def upstream_stdio(
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 await read_send.aclose()  # a server that stopped reading is a closed connection
 
+    async def watch_server() -> None:
+        await process.wait()
+        _signal_group(process, KILL)  # what it started goes with it, holding its pipe or not
+        with anyio.move_on_after(EXIT_DRAIN_SECONDS):
+            await output_ended.wait()
+        await read_send.aclose()  # the session fails the calls in flight: the server is gone
+
     async with anyio.create_task_group() as group:
         group.start_soon(read_server)
         group.start_soon(write_server)
+        group.start_soon(watch_server)
         try:
-            yield read_receive, write_send
+            yield read_receive, write_send, process
         finally:
             with anyio.CancelScope(shield=True):
                 await _stop(process)
@@ -229,19 +253,23 @@ def _upstream_message(line: bytes | Oversized, limit: int) -> SessionMessage | E
 
 
 async def _stop(process: Process) -> None:
-    """Close the server's stdin, then signal its process group if it does not exit."""
+    """Close the server's stdin, signal its process group if it does not exit, and kill
+    what is left of the group once it has."""
     if process.stdin is not None:
         try:
             await process.stdin.aclose()
         except (anyio.BrokenResourceError, OSError):
             pass
-    for stop in (signal.SIGTERM, getattr(signal, "SIGKILL", signal.SIGTERM)):
+    for stop in (signal.SIGTERM, KILL):
         with anyio.move_on_after(STOP_GRACE_SECONDS):
             await _exited(process)
-            return
+            break
         _signal_group(process, stop)
-    with anyio.move_on_after(STOP_GRACE_SECONDS):
-        await _exited(process)
+    else:
+        with anyio.move_on_after(STOP_GRACE_SECONDS):
+            await _exited(process)
+    if sys.platform != "win32":
+        _signal_group(process, KILL)
 
 
 async def _exited(process: Process) -> None:
@@ -266,11 +294,17 @@ class UpstreamConnection(MCPConnection):
     def __init__(self, server: ServerCommand, connect_timeout: float, max_message_bytes: int) -> None:
         super().__init__(server, connect_timeout)
         self.max_message_bytes = max_message_bytes
+        self._process: Process | None = None
+
+    @property
+    def exit_status(self) -> int | None:
+        """The upstream's exit status once it has exited (negative: the signal that ended it), else None."""
+        return self._process.returncode if self._process is not None else None
 
     async def _connect(self) -> None:
         """As MCPConnection._connect, over this proxy's transport."""
         transport = upstream_stdio(self.server.parameters(), self.errlog, self.max_message_bytes)
-        upstream_read, write = await self._stack.enter_async_context(transport)
+        upstream_read, write, self._process = await self._stack.enter_async_context(transport)
         relay_send, read = anyio.create_memory_object_stream[Any](0)
         group = await self._stack.enter_async_context(anyio.create_task_group())
         self._stack.callback(group.cancel_scope.cancel)

@@ -89,6 +89,12 @@ class MCPConnection:
         self._closed: anyio.Event | None = None
 
     @property
+    def exit_status(self) -> int | None:
+        """The server's exit status once known (negative: the signal that ended it). The SDK's
+        transport does not tell it: None here; the policy proxy's own transport does."""
+        return None
+
+    @property
     def closed(self) -> anyio.Event:
         assert self._closed is not None, "use MCPConnection as an async context manager"
         return self._closed
