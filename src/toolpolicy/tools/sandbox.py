@@ -57,14 +57,19 @@ host's variables never reach a worker); the interpreter in isolated mode (-I); t
 wall-clock deadline; output cut to `max_output_chars`, with a note saying how much.
 
 On Linux (x86_64 and aarch64), in every column, a seccomp filter installed just before
-the code runs (`isolation.syscalls`): new namespaces (unshare, setns, clone with a
-CLONE_NEW* flag; clone3 answers ENOSYS so the C library falls back to clone), mounts,
-ptrace and the other ways into a process (process_vm_*, pidfd_getfd, kcmp), the
-keyrings, System V IPC and memfd_create (memory no rlimit counts), bpf, perf, io_uring,
-userfaultfd, kernel modules, kexec, reboot, swap, the clock, iopl/ioperm, personality
-flags other than the usual, and sockets other than Unix, IP and netlink (AF_VSOCK
-reaches a VM's host whatever the network namespace) fail with EPERM, an ordinary
-PermissionError. System calls of another ABI (i386 through int 0x80, x32) are denied.
+the code runs (`isolation.syscalls`), an allow list: the system calls of files, memory,
+threads, processes, signals, timers, polling, sockets and the process's own limits
+(`sandbox_worker.ALLOWED_SYSCALLS`, about 230). Every other call fails with ENOSYS, as on
+a kernel without it, so the C library falls back to an older call where there is one
+(clone3 to clone) and one that a later kernel adds is never reachable: among those left
+out are new namespaces, mounts, ptrace and the other ways into a process, the keyrings,
+System V IPC, memfd_create and memfd_secret (memory no rlimit counts), bpf, perf,
+io_uring, userfaultfd, kernel modules, kexec, reboot, swap and the clock. Arguments are
+checked where a listed call could do more than a program needs: clone with a CLONE_NEW*
+flag, personality flags other than the usual, and sockets other than Unix, IP and
+netlink (AF_VSOCK reaches a VM's host whatever the network namespace) fail with EPERM,
+an ordinary PermissionError, as do system calls of another ABI (i386 through int 0x80,
+x32). POSIX message queues are listed only where the call has an IPC namespace of its own.
 
 How a call ended rests on what the worker saw itself: the exit status, the signal,
 the CPU time, the wall clock. The exception type comes from the call's own process,
@@ -74,9 +79,10 @@ call "tampered", a tool_error. A program can still claim any exception it could 
 (MemoryError included); it cannot make its failure look like a success, a timeout or
 the sandbox's fault, and a malformed report never makes `run` raise.
 
-Not covered, on any platform: the filter is a deny list, so the rest of the kernel's
-system-call surface is reachable; files readable by the call's uid in the folders it
-sees stay readable (read-only is not invisible), and those folders are bound whole
+Not covered, on any platform: the listed system calls are reachable with any argument
+but those above (ioctl, prctl and the file calls are large surfaces of their own);
+files readable by the call's uid in the folders it sees stay readable (read-only is
+not invisible), and those folders are bound whole
 (a socket inside /usr or /etc would be reachable; none belongs there); memory is
 limited per process, not per call (n processes may use n x memory_mb, plus folder_mb
 of tmpfs), and memory the kernel holds for a call (pipe and socket buffers) is not
