@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,13 +103,13 @@ def assert_nothing_left(box: PythonSandbox, marker: str = "") -> None:
     """Every worker is back to its resting processes, and no marked process survives.
 
     At rest a worker has the next call's child, forked ahead and waiting for its code,
-    and in namespace mode the namespace's process 1 as well; anything more is a process
+    and in namespace mode the namespace's process 1 and the call's init as well; anything more is a process
     the last call left behind. The waiting child is forked just after the reply, so the
     count may need a moment to reach the resting number; it must never stay above it.
     """
     if not Path("/proc").is_dir():
         pytest.skip("no /proc on this platform to look for leftover processes")
-    resting = 2 if box.isolation.method != "none" else 1
+    resting = 3 if box.isolation.method != "none" else 1
     for pid in box.worker_pids():
         deadline = time.monotonic() + 2.0
         while len(descendants(pid)) != resting and time.monotonic() < deadline:
@@ -890,21 +891,19 @@ def test_without_namespaces_limits_and_a_clean_environment_remain() -> None:
         assert_nothing_left(box)
 
 
-UNPRIVILEGED_SCRIPT = """
-import json
+BATCH_SCRIPT = """
+import json, sys
 from toolpolicy.tools.sandbox import PythonSandbox, SandboxLimits
-with PythonSandbox(SandboxLimits(workers=1, cpu_seconds=1, wall_seconds=3.0, max_processes=8)) as box:
-    code = (
-        "import os, socket\\n"
-        "try:\\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\\n    print('CONNECTED')\\n"
-        "except OSError as error:\\n    print('refused', error.errno)\\n"
-        "try:\\n    open('/var/tmp/toolpolicy-unprivileged-probe', 'w')\\n    print('WROTE')\\n"
-        "except OSError as error:\\n    print('refused', error.errno)\\n"
-        "print(os.getuid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\\n"
-    )
-    run = box.run(code)
-    bomb = box.run("import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass\\n")
-    print(json.dumps({"isolation": box.isolation.__dict__, "output": run.output, "bomb": bomb.status}))
+codes = json.loads(sys.argv[1])
+with PythonSandbox(SandboxLimits(workers=1, cpu_seconds=2, wall_seconds=5.0, memory_mb=128, max_processes=32)) as box:
+    runs = {}
+    for name, code in codes.items():
+        workers = box.worker_pids()
+        run = box.run(code.replace("WORKERS", repr(workers)))
+        after = box.run("print('next')")
+        runs[name] = {"status": run.status, "error": run.error, "output": run.output, "observation": run.observation(),
+                      "next": after.observation(), "same_worker": box.worker_pids() == workers}
+    print(json.dumps({"isolation": box.isolation.__dict__, "runs": runs}))
 """
 
 
@@ -918,28 +917,128 @@ def python_for_nobody() -> str | None:
     return None
 
 
-def test_unprivileged_user_gets_a_user_namespace_and_no_network() -> None:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to run a sandbox as an unprivileged user")
-    python = python_for_nobody()
-    if python is None:
-        pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} that uid {NOBODY} can run")
+def run_batch(mode: str, codes: dict[str, str]) -> dict[str, Any]:
+    """Run `codes` on a one-worker sandbox started in another process, as root for "root" or as
+    nobody for "user-namespace", each followed by a call that must still work; skip where the mode is not given.
+
+    In a program, WORKERS stands for the host's pids of the sandbox's worker.
+    """
     source = str(Path(__file__).parents[1] / "src")
     site = next(path for path in sys.path if path.endswith("site-packages"))
-    command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", UNPRIVILEGED_SCRIPT]
     environment = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{source}:{site}", "LANG": "C.UTF-8"}
-    done = subprocess.run(command, capture_output=True, text=True, cwd="/", env=environment, timeout=60)
+    if os.geteuid() != 0 and mode == "root":
+        pytest.skip("the root mode needs root")
+    command = [sys.executable, "-c", BATCH_SCRIPT, json.dumps(codes)]
+    if os.geteuid() == 0 and mode == "user-namespace":
+        python = python_for_nobody() if shutil.which("setpriv") else None
+        if python is None:
+            pytest.skip(f"no setpriv, or no Python {sys.version_info.major}.{sys.version_info.minor} that uid {NOBODY} can run")
+        command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, *command[1:]]
+    done = subprocess.run(command, capture_output=True, text=True, cwd="/", env=environment, timeout=120)
     if done.returncode != 0 and "unshare" in done.stderr:
         pytest.skip(f"user namespaces are refused to unprivileged users here: {done.stderr[-300:]}")
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    if report["isolation"]["method"] != "user-namespace":
-        pytest.skip(f"unprivileged user namespaces are not available: {report['isolation']['note']}")
-    assert report["isolation"] == {"method": "user-namespace", "network": True, "filesystem": True,
-                                   "processes": True, "user": True, "syscalls": True, "note": ""}  # fmt: skip
-    network, writing, processes = report["output"].splitlines()
+    if report["isolation"]["method"] != mode:
+        pytest.skip(f"the {mode} mode is not available: {report['isolation']['note']}")
+    return report
+
+
+PROBE = (
+    "import os, socket\n"
+    "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n    print('CONNECTED')\n"
+    "except OSError as error:\n    print('refused', error.errno)\n"
+    "try:\n    open('/var/tmp/toolpolicy-unprivileged-probe', 'w')\n    print('WROTE')\n"
+    "except OSError as error:\n    print('refused', error.errno)\n"
+    "print(os.getuid(), os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+)
+# From inside a call, at every process it can name (pid 1, its parent, what /proc lists) and at the
+# host's pids of its worker: lower the limits the worker needs, then signal them.
+TARGETS = "import os, resource, signal\ntargets = sorted({1, os.getppid(), *WORKERS, *(int(p) for p in os.listdir('/proc') if p.isdigit())} - {os.getpid(), 0})\n"
+PRLIMIT_ATTACK = TARGETS + (
+    "for pid in targets:\n"
+    "    for limit, value in [(resource.RLIMIT_NOFILE, (4, 4)), (resource.RLIMIT_NPROC, (1, 1)), (resource.RLIMIT_AS, (1 << 20, 1 << 20)), (resource.RLIMIT_CPU, (0, 0))]:\n"
+    "        try:\n            resource.prlimit(pid, limit, value)\n            print('lowered', pid, limit)\n"
+    "        except OSError as error:\n            print('refused', pid, limit, error.errno)\n"
+)
+KILL_ATTACK = TARGETS + (
+    "for pid in targets:\n"
+    "    for number in (signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):\n"
+    "        try:\n            os.kill(pid, number)\n            print('sent', pid, number)\n"
+    "        except OSError as error:\n            print('refused', pid, number, error.errno)\n"
+    "for pid in targets:\n"
+    "    try:\n        signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGKILL)\n        print('pidfd', pid)\n"
+    "    except OSError as error:\n        print('refused pidfd', pid, error.errno)\n"
+    "os.kill(-1, signal.SIGKILL)\nprint('survived kill(-1)')\n"
+)
+ISOLATION_CHECKS = {
+    "probe": PROBE,
+    "prlimit": PRLIMIT_ATTACK,
+    "kill": KILL_ATTACK,
+    "memory": "x = bytearray(1 << 30)",
+    "memory, slowly": "chunks = []\nwhile True:\n    chunks.append(bytearray(10**6))",
+    "process limit": (
+        "import os, time\nfor n in range(200):\n    try:\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n"
+        "    except OSError as error:\n        print('refused after', n, error.errno)\n        break\n"
+    ),
+    "fork bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+    **{f"program: {name}": code for name, code in PROGRAMS.items()},
+}
+
+
+@pytest.fixture(scope="module", params=["root", "user-namespace"])
+def batch(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The isolation checks, run once in each namespace mode."""
+    if not namespaces_allowed():
+        pytest.skip("this kernel or container refuses the mount, network and PID namespaces")
+    return run_batch(request.param, ISOLATION_CHECKS)
+
+
+def test_each_mode_isolates_completely(batch: dict[str, Any]) -> None:
+    isolation = batch["isolation"]
+    assert isolation == {"method": isolation["method"], "network": True, "filesystem": True,
+                         "processes": True, "user": True, "syscalls": True, "note": ""}  # fmt: skip
+    network, writing, processes = batch["runs"]["probe"]["output"].splitlines()
     assert (network, writing) == (f"refused {errno.ENETUNREACH}", f"refused {errno.EROFS}")
-    uid, pids = processes.split(" ", 1)
-    assert uid == "0" and json.loads(pids)[0] == 1 and len(json.loads(pids)) == 2  # the namespace's init and the call
-    assert report["bomb"] in ("timeout", "cpu")
+    uid, pid, pids = processes.split(" ", 2)
+    assert uid == ("0" if isolation["method"] == "user-namespace" else str(NOBODY))
+    assert json.loads(pids) == [1, int(pid)]  # the call's own init, and the call: nothing of the worker's
     assert not Path("/var/tmp/toolpolicy-unprivileged-probe").exists()
+
+
+@pytest.mark.parametrize("attack", ["prlimit", "kill"])
+def test_a_call_cannot_reach_its_worker(batch: dict[str, Any], attack: str) -> None:
+    """Whatever the call did to the processes it can name, it is reported as its own doing, and the
+    same worker answers the next call."""
+    run = batch["runs"][attack]
+    assert run["error"] != "infra" and "not the program's fault" not in run["observation"], run
+    assert (run["next"], run["same_worker"]) == ("next", True), run
+
+
+@pytest.mark.parametrize("name", ["memory", "memory, slowly"])
+def test_memory_over_the_limit_is_a_memory_error(batch: dict[str, Any], name: str) -> None:
+    run = batch["runs"][name]
+    assert (run["status"], run["error"]) == ("memory", "tool_error"), run
+    assert run["observation"].endswith("Memory limit of 128 MB exceeded (MemoryError).")
+    assert (run["next"], run["same_worker"]) == ("next", True)
+
+
+def test_the_process_limit_holds_in_each_mode(batch: dict[str, Any]) -> None:
+    """max_processes 32 (room for the threads program's twelve threads, which count as processes):
+    the call's process and 31 more. As root the budget is uid nobody's, which other
+    sandboxes' processes share; in a user namespace it is the worker's namespace's alone."""
+    run = batch["runs"]["process limit"]
+    refused, after, forked, number = run["output"].split()
+    assert (refused, after, int(number), run["next"]) == ("refused", "after", errno.EAGAIN, "next"), run
+    assert int(forked) == 31 or (batch["isolation"]["method"] == "root" and int(forked) < 31)
+
+
+def test_a_fork_bomb_is_contained_in_each_mode(batch: dict[str, Any]) -> None:
+    run = batch["runs"]["fork bomb"]
+    assert run["status"] in ("timeout", "cpu") and (run["next"], run["same_worker"]) == ("next", True), run
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_ordinary_programs_run_in_each_mode(batch: dict[str, Any], name: str) -> None:
+    run = batch["runs"][f"program: {name}"]
+    assert (run["status"], run["output"]) == ("ok", EXPECTED_OUTPUTS[name]), run["observation"]

@@ -34,11 +34,14 @@ What a call gets on each platform; `PythonSandbox.isolation` says which column a
                                         supplementary groups,     memory of the caller's
                                         which it cannot drop      other processes
                                         (`note` names them)
-  processes   own PID namespace and read-only /proc: host         own session; its process
-              processes are invisible; at the end every process   group is killed at the end
-              of the call is killed (kill(-1) from the            (a process that calls
-              namespace's process 1), even ones that left its     setsid escapes; the wall
-              session                                             clock does not reach it)
+  processes   a PID namespace of its own per call, nested in      own session; its process
+              the worker's, and a read-only /proc of it: host     group is killed at the end
+              processes and the worker are invisible and cannot   (a process that calls
+              be named (no signal, prlimit or pidfd of the call   setsid escapes; the wall
+              reaches the worker); at the end every process of    clock does not reach it)
+              the call is killed (kill(-1) from the worker, and
+              the end of the call's namespace), even ones that
+              left its session
   IPC         an IPC namespace of its own per call: System V      the host's; System V IPC
               objects and POSIX queues die with the call (the     and mq_open are denied by
               filter denies System V IPC anyway)                  the filter (on Linux)

@@ -17,17 +17,24 @@ Once, at start, on Linux when namespaces are allowed (`isolate`):
      the host is reachable by path: no home folder, and no Unix socket of the host's
      (they live under /run, /var, /tmp and /dev/shm).
 
-Per call: the call's child was forked while the worker was idle (`fork_child`). It has
-its own session and IPC namespace, has set rlimits, dropped privileges and installed
+Per call: the call's processes were forked while the worker was idle (`fork_child`).
+With namespaces the worker's child is process 1 of a PID namespace of the call's own,
+nested in the worker's, with its own mount namespace (for a /proc of that PID
+namespace) and IPC namespace; it forks the call's process, waits for it and relays its
+wait status on a pipe (`_serve_as_call_init`). The call cannot name the worker, so
+nothing it does to the processes it can name (the init included) fails the worker. The
+call's process has its own session, has set rlimits, dropped privileges and installed
 the system-call filter, and waits for its code on a pipe. `run_call` sends the code,
 keeps the first `max_output_chars` of stdout and stderr (one pipe) and counts the
 rest; when the child exits or the wall clock runs out it kills every other process of
-the call (kill(-1) from process 1, or the child's process group without namespaces),
-reaps them and reports. After the reply the worker replaces the call's tmpfs (/tmp
+the call (kill(-1) from process 1, which reaches the nested namespaces too, or the
+child's process group without namespaces), reaps them and reports. After the reply the worker replaces the call's tmpfs (/tmp
 and /dev/shm) and forks the next child, off the latency path.
 
 How a call ended comes from what the worker sees itself (exit status, signal, CPU
-time, the wall clock). The exception type the call's process writes on its status
+time, the wall clock); with namespaces the exit status or signal is the one the call's
+init saw, relayed on a pipe only the init holds (a call that keeps its init from
+relaying was killed: its init's end killed it). The exception type the call's process writes on its status
 pipe is only a hint, believed when it is well formed and the process then exited with
 status 1; anything else on that pipe is reported as the program's tampering.
 
@@ -77,6 +84,7 @@ CODE_FD = 4  # where it reads its code, until end of file
 MAX_SUMMARY_CHARS = 500
 MAX_STATUS_BYTES = 8192  # a report of MAX_SUMMARY_CHARS, each escaped to 12 bytes, fits
 MAX_TYPE_CHARS = 100
+MAX_FD = os.sysconf("SC_OPEN_MAX") if sys.platform != "linux" else 1 << 20  # where closing "all the rest" stops
 MAX_ERRNO = 4095
 """The largest errno a report may carry (Linux's are below 200; the kernel reserves up to 4095)."""
 
@@ -722,30 +730,81 @@ class Capture:
 
 @dataclass
 class Child:
-    """The next call's process, forked and confined ahead of the call, waiting for its code."""
+    """The next call's processes, forked and confined ahead of the call, waiting for its code."""
 
-    pid: int
+    pid: int  # the call's process, or with namespaces the call's init, its parent
     code: int  # write end: the code, then end of file
     output: int  # read end of stdout and stderr
     status: int  # read end of the exception report
+    relay: int | None = None  # read end of the call's wait status, as its init saw it (with namespaces)
 
 
-def fork_child(folder: str, config: dict[str, Any], isolation: dict[str, Any], syscalls: SyscallFilter | None) -> Child:
+def fork_child(folder: str, config: dict[str, Any], isolation: dict[str, Any], syscalls: SyscallFilter | None,
+               pid_namespace: int | None) -> Child:  # fmt: skip
     """Fork the process that will run the next call, and let it confine itself now.
 
     Its confinement (and the page faults of a fresh fork) happen while the worker is
     idle, so a call only pays for sending the code and running it. `syscalls` is the
-    seccomp filter it installs (None for none).
+    seccomp filter it installs (None for none). With namespaces, `pid_namespace` is this
+    process's own PID namespace (an open /proc/self/ns/pid): the child is forked into a
+    new one nested in it, as its init (`_serve_as_call_init`), and forks the call's
+    process there.
     """
     code_read, code_write = os.pipe()
     output_read, output_write = os.pipe()
     status_read, status_write = os.pipe()
-    pid = os.fork()
+    relay_read, relay_write = os.pipe() if pid_namespace is not None else (None, None)
+    pid = _fork_in_new_pid_namespace(pid_namespace) if pid_namespace is not None else os.fork()
     if pid == 0:
-        _run_child(code_read, output_write, status_write, folder, config, isolation, syscalls)
-    for fd in (code_read, output_write, status_write):
-        os.close(fd)
-    return Child(pid, code_write, output_read, status_read)
+        confined = (code_read, output_write, status_write, folder, config, isolation, syscalls)
+        if relay_write is None:
+            _run_child(*confined)
+        _close_all_but(code_read, output_write, status_write, relay_write)  # the code pipe must end when the worker closes it
+        _serve_as_call_init(relay_write, confined)
+    for fd in (code_read, output_write, status_write, relay_write):
+        _close(fd) if fd is not None else None
+    return Child(pid, code_write, output_read, status_read, relay_read)
+
+
+def _fork_in_new_pid_namespace(own: int) -> int:
+    """os.fork(), the child as process 1 of a new PID namespace nested in this process's own (`own`).
+
+    unshare(CLONE_NEWPID) puts this process's next child in a new namespace; setns back
+    to its own makes the one after that start another.
+    """
+    _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+    pid = os.fork()
+    if pid:
+        _check(_libc.setns(own, CLONE_NEWPID), "setns to the worker's PID namespace")
+    return pid
+
+
+def _serve_as_call_init(relay: int, confined: tuple[Any, ...]) -> None:
+    """Process 1 of a call's PID namespace: fork the call's process, wait for it, relay its status. Never returns.
+
+    Its own mount namespace carries a /proc of the call's PID namespace (pids there are
+    the call's, as os.getpid() gives them), and its own IPC namespace holds the call's
+    System V objects and queues. The call's process cannot name the worker, which
+    lives in the namespace above, so no signal, prlimit or pidfd of the call's reaches
+    it; what the call does to this process only ends the call. When this process
+    exits, the kernel kills every other process of the namespace.
+    """
+    exit_status = 70  # EX_SOFTWARE: the worker reads a missing relay as the call killed
+    try:
+        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare(CLONE_NEWNS | CLONE_NEWIPC)")
+        _check(_libc.mount(b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        call = os.fork()
+        if call == 0:
+            os.close(relay)
+            _run_child(*confined)
+        for fd in confined[:3]:  # the call's ends of its pipes
+            os.close(fd)
+        while (reaped := os.waitpid(-1, 0))[0] != call:  # orphans of the call are this process's to reap
+            pass
+        os.write(relay, struct.pack("=i", reaped[1]))
+        exit_status = 0
+    finally:
+        os._exit(exit_status)
 
 
 def run_call(child: Child, code: str, config: dict[str, Any], isolation: dict[str, Any]) -> dict[str, Any]:
@@ -764,12 +823,14 @@ def run_call(child: Child, code: str, config: dict[str, Any], isolation: dict[st
         timed_out = _follow(child, capture, start + config["wall_seconds"])
     finally:
         kill_call(child, isolation)
-    _, status, usage = os.wait4(child.pid, 0)
+    _, status, usage = os.wait4(child.pid, 0)  # with namespaces the init's usage includes the call's, reaped
+    if child.relay is not None:
+        status = relayed_status(_read_available(child.relay, 4))
     _drain(child.output, capture)
     if isolation["method"] != "none":
         _reap_all()
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    exception, tampered = judge_status(_read_status(child.status), None if timed_out else exit_code)
+    exception, tampered = judge_status(_read_available(child.status, MAX_STATUS_BYTES + 1), None if timed_out else exit_code)
     report = {
         "output": capture.text,
         "omitted": capture.omitted,
@@ -781,8 +842,20 @@ def run_call(child: Child, code: str, config: dict[str, Any], isolation: dict[st
         "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 4),
         "wall_seconds": round(time.monotonic() - start, 4),
     }
-    _close(child.output, child.status)
+    _close(child.output, child.status, child.relay)
     return report
+
+
+def relayed_status(raw: bytes) -> int:
+    """The call's wait status as its init relayed it; killed by SIGKILL when there is none.
+
+    Only the call can keep its init from relaying (by lowering the init's limits, say),
+    and the init's end kills every process of the call: the call was killed.
+
+    >>> os.WEXITSTATUS(relayed_status(struct.pack("=i", 3 << 8))), os.WTERMSIG(relayed_status(b""))
+    (3, 9)
+    """
+    return struct.unpack("=i", raw)[0] if len(raw) == 4 else signal.SIGKILL
 
 
 def discard(child: Child, isolation: dict[str, Any]) -> None:
@@ -795,11 +868,22 @@ def discard(child: Child, isolation: dict[str, Any]) -> None:
             os.waitpid(child.pid, 0)
         except ChildProcessError:  # already reaped
             pass
-    _close(child.code, child.output, child.status)
+    _close(child.code, child.output, child.status, child.relay)
 
 
-def _close(*fds: int) -> None:
+def _close_all_but(*kept: int) -> None:
+    """Close every descriptor above stderr but `kept`."""
+    start = 3
+    for fd in sorted(kept):
+        os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, MAX_FD)
+
+
+def _close(*fds: int | None) -> None:
     for fd in fds:
+        if fd is None:
+            continue
         try:
             os.close(fd)
         except OSError:  # closed already
@@ -886,13 +970,13 @@ def _reap_all() -> None:
             return
 
 
-def _read_status(fd: int) -> bytes:
-    """What waits on the status pipe, up to one byte past MAX_STATUS_BYTES (more is garbage anyway)."""
+def _read_available(fd: int, limit: int) -> bytes:
+    """What waits on a pipe whose writers are gone, up to `limit` bytes (on the status pipe, more is garbage anyway)."""
     os.set_blocking(fd, False)
     chunks, size = [], 0
-    while size <= MAX_STATUS_BYTES:
+    while size < limit:
         try:
-            chunk = os.read(fd, MAX_STATUS_BYTES + 1 - size)
+            chunk = os.read(fd, limit - size)
         except BlockingIOError:
             break
         if not chunk:
@@ -1021,8 +1105,6 @@ def _run_child(code: int, output: int, status: int, folder: str, config: dict[st
         os.chdir(folder)
         os.environ.update(HOME=folder, TMPDIR=folder, PWD=folder)
         _set_limits(config, isolation)
-        if isolation["method"] != "none":  # while it may: its System V objects and queues die with the call
-            _check(_libc.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
         _drop_privileges(isolation)
         if syscalls is not None:
             syscalls.install()
@@ -1053,7 +1135,7 @@ def _redirect(code: int, output: int, status: int) -> None:
     os.dup2(output, 2)
     os.dup2(status, STATUS_FD, inheritable=False)
     os.dup2(code, CODE_FD, inheritable=False)
-    os.closerange(CODE_FD + 1, os.sysconf("SC_OPEN_MAX") if sys.platform != "linux" else 1 << 20)
+    os.closerange(CODE_FD + 1, MAX_FD)
     # Line-buffered, so what was printed before a kill still reaches the pipe.
     sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
@@ -1065,8 +1147,8 @@ def _set_limits(config: dict[str, Any], isolation: dict[str, Any]) -> None:
 
     RLIMIT_NPROC counts processes per uid: as nobody it is shared with every other
     process running as nobody (other calls, and the other workers' waiting children);
-    in a user namespace it counts that namespace only (whose other two processes are
-    the worker and its parent). Without a uid of its own a call would share the count
+    in a user namespace it counts that namespace only (whose other three processes are
+    the worker, its parent and the call's init). Without a uid of its own a call would share the count
     with the host user's processes, so it is not set.
     """
     megabyte = 1024 * 1024
@@ -1077,8 +1159,8 @@ def _set_limits(config: dict[str, Any], isolation: dict[str, Any]) -> None:
         (resource.RLIMIT_AS, (config["memory_mb"] * megabyte,) * 2),
         (resource.RLIMIT_FSIZE, (config["file_size_mb"] * megabyte,) * 2),
     ]
-    if isolation["method"] == "user-namespace":  # + the worker and its parent
-        limits.append((resource.RLIMIT_NPROC, (config["max_processes"] + 2,) * 2))
+    if isolation["method"] == "user-namespace":  # + the worker, its parent and the call's init
+        limits.append((resource.RLIMIT_NPROC, (config["max_processes"] + 3,) * 2))
     elif _as_nobody(isolation):  # + the other workers' waiting children
         limits.append((resource.RLIMIT_NPROC, (config["max_processes"] + config["workers"] - 1,) * 2))
     for which, (soft, hard) in limits:
@@ -1187,11 +1269,12 @@ def serve(requests: BinaryIO, replies: BinaryIO, config: dict[str, Any], isolati
     forked, so both are ready before the next request arrives.
     """
     folder = new_folder(None, config, isolation)
-    child = fork_child(folder, config, isolation, syscalls)
+    own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if isolation["method"] != "none" else None
+    child = fork_child(folder, config, isolation, syscalls, own)
     for line in requests:
         if os.waitpid(child.pid, os.WNOHANG)[0]:  # the waiting child died before its call: it never ran code
             discard(child, isolation)
-            child = fork_child(folder, config, isolation, syscalls)
+            child = fork_child(folder, config, isolation, syscalls, own)
         try:
             reply = run_call(child, json.loads(line)["code"], config, isolation)
         except Exception as error:  # the worker's own failure: the host reports it as infra
@@ -1200,7 +1283,7 @@ def serve(requests: BinaryIO, replies: BinaryIO, config: dict[str, Any], isolati
         replies.write(json.dumps(reply).encode() + b"\n")
         replies.flush()
         folder = new_folder(folder, config, isolation)
-        child = fork_child(folder, config, isolation, syscalls)
+        child = fork_child(folder, config, isolation, syscalls, own)
     discard(child, isolation)
     if isolation["method"] == "none":
         remove_folder(folder)
