@@ -1042,3 +1042,40 @@ def test_a_fork_bomb_is_contained_in_each_mode(batch: dict[str, Any]) -> None:
 def test_ordinary_programs_run_in_each_mode(batch: dict[str, Any], name: str) -> None:
     run = batch["runs"][f"program: {name}"]
     assert (run["status"], run["output"]) == ("ok", EXPECTED_OUTPUTS[name]), run["observation"]
+
+
+TMP_VENV_SCRIPT = """
+import json, sys
+from toolpolicy.tools.sandbox import PythonSandbox
+code = '''
+import subprocess, sys
+print(sys.prefix)
+print(subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True).stdout.strip())
+try:
+    open(sys.prefix + '/written', 'w')
+except OSError as error:
+    print(type(error).__name__, error.errno)
+'''
+with PythonSandbox() as sandbox:
+    runs = [sandbox.run(code) for _ in range(2)]  # the second call gets a new tmpfs: the folder must be back
+    print(json.dumps({"method": sandbox.isolation.method, "runs": [[run.status, run.output] for run in runs]}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="namespaces are Linux's")
+def test_an_interpreter_under_tmp_is_there_in_every_call(tmp_path: Path) -> None:
+    """A virtual environment in /tmp (a clone there, tmp_path): each call's own /tmp covers its
+    path, so the worker binds it back, read-only: sys.executable runs, nothing can be written."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(Path(venv).glob("lib/python*/site-packages"))
+    here = [path for path in sys.path if path.endswith("site-packages")] + [str(Path(__file__).parents[1] / "src")]
+    (site / "toolpolicy_test.pth").write_text("\n".join(here) + "\n")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", TMP_VENV_SCRIPT], capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    if report["method"] == "none":
+        pytest.skip("no namespaces here: calls see the host's /tmp")
+    assert str(venv).startswith("/tmp/")
+    for status, output in report["runs"]:
+        assert (status, output) == ("ok", f"{venv}\n42\nOSError 30\n"), output  # 30: EROFS

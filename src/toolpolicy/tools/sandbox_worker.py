@@ -95,6 +95,10 @@ DEVICE_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout"
 EMPTY_FOLDERS = ("/tmp", "/run", "/var/tmp", "/proc", "/sys")
 BUILD_ROOT = "/tmp"  # the new root is assembled on a tmpfs here (in this mount namespace only), then becomes /
 CALL_STAGING = "/run"  # a call's tmpfs is mounted here just long enough to bind its two folders out of it
+HOST_COPIES = "/.host"
+"""Where the new root also holds the interpreter folders that lie under /tmp or /dev/shm (a
+virtual environment in /tmp): each call's own tmpfs covers their paths, so every call's
+folders get them bound back from here (`_mount_call_folders`)."""
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
@@ -434,8 +438,9 @@ def filter_for_calls(isolation: dict[str, Any]) -> tuple[SyscallFilter | None, s
 # ---------------------------------------------------------------- isolation, once
 
 
-def isolate(config: dict[str, Any]) -> dict[str, Any]:
+def isolate(config: dict[str, Any], folders: list[str]) -> dict[str, Any]:
     """Isolate this process as far as the platform allows; the isolation actually obtained.
+    `folders`: the host folders calls see (`host_folders`).
 
     In namespace mode the calling process never returns: it becomes the waiting
     parent, and the child (process 1 of the new PID namespace) returns instead.
@@ -448,13 +453,13 @@ def isolate(config: dict[str, Any]) -> dict[str, Any]:
         return _without_namespaces(root, f"no system-call table for {os.uname().machine}")
     uid, gid = os.getuid(), os.getgid()  # before a user namespace maps them to 0
     kept_groups = "" if root else _kept_groups(gid)
-    refusal = _namespaces_refused(root, uid, gid, arch)
+    refusal = _namespaces_refused(root, uid, gid, arch, folders)
     if refusal:
         return _without_namespaces(root, refusal)
     _check(_libc.unshare(_namespace_flags(root)), "unshare")
     _set_up_namespaces(root, uid, gid)
     _fork_namespace_init()
-    _build_root(BUILD_ROOT)
+    _build_root(BUILD_ROOT, folders)
     processes = _mount_proc(BUILD_ROOT + "/proc")
     _mount_sys(BUILD_ROOT + "/sys")
     filesystem = _make_read_only(BUILD_ROOT)
@@ -508,7 +513,7 @@ def _in_child(attempt: Callable[[], None]) -> str:
         return "" if status == 0 else reason.read().decode(errors="replace") or f"status {status}"
 
 
-def _namespaces_refused(root: bool, uid: int, gid: int, arch: Architecture) -> str:
+def _namespaces_refused(root: bool, uid: int, gid: int, arch: Architecture, folders: list[str]) -> str:
     """Why this process may not create and set up the namespaces, or "" if it may.
 
     Tried in a throwaway child, because a process cannot leave a namespace it entered:
@@ -519,7 +524,7 @@ def _namespaces_refused(root: bool, uid: int, gid: int, arch: Architecture) -> s
     def attempt() -> None:
         _check(_libc.unshare(_namespace_flags(root)), "unshare")
         _set_up_namespaces(root, uid, gid)
-        _build_root(BUILD_ROOT)
+        _build_root(BUILD_ROOT, folders)
         _enter_root(BUILD_ROOT, arch)
         _check(_libc.mount(b"tmpfs", WORK_FOLDER.encode(), b"tmpfs", 0, None), "mount tmpfs")  # as each call will
 
@@ -556,27 +561,46 @@ def _fork_namespace_init() -> None:
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 
 
-def _build_root(root: str) -> None:
-    """Assemble the call's file system on a tmpfs at `root`: host folders bound in, /dev, empty folders.
+def _build_root(root: str, folders: list[str]) -> None:
+    """Assemble the call's file system on a tmpfs at `root`: the host `folders` bound in, /dev,
+    empty folders, and HOST_COPIES of the folders a call's own tmpfs will cover.
 
     Whatever is not bound here is not reachable from a call at all, however it is
     named: the caller's home, /var, /opt, and the Unix sockets the host's services
     listen on (/run, /var/run, /tmp, /dev/shm). Bound folders are whole, so a socket
-    inside /usr or /etc would be reachable; none belongs there.
+    inside /usr or /etc would be reachable; none belongs there. Each folder is opened
+    before the tmpfs is mounted, since `root` may cover it (a virtual environment in /tmp).
     """
-    _check(_libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=1m,nr_inodes=4096"),
-           "mount a tmpfs for the new root")  # fmt: skip
-    for folder in _host_folders():
-        if os.path.islink(folder):  # /bin -> usr/bin on a merged /usr: the same link, resolved inside
-            os.symlink(os.readlink(folder), _mount_point(root, folder, kind="link"))
-        else:
-            _bind(folder, _mount_point(root, folder))
+    links = {folder: os.readlink(folder) for folder in folders if os.path.islink(folder)}
+    opened = {folder: os.open(folder, os.O_PATH | os.O_DIRECTORY) for folder in folders if folder not in links}
+    try:
+        _check(_libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=1m,nr_inodes=4096"),
+               "mount a tmpfs for the new root")  # fmt: skip
+        for folder in folders:
+            if folder in links:  # /bin -> usr/bin on a merged /usr: the same link, resolved inside
+                os.symlink(links[folder], _mount_point(root, folder, kind="link"))
+            else:
+                _bind(f"/proc/self/fd/{opened[folder]}", _mount_point(root, folder), folder)
+        for index, folder in enumerate(covered_folders(folders)):
+            _bind(f"/proc/self/fd/{opened[folder]}", _mount_point(root, f"{HOST_COPIES}/{index}"), folder)
+    finally:
+        for descriptor in opened.values():
+            os.close(descriptor)
     _make_devices(_mount_point(root, "/dev"))
     for folder in EMPTY_FOLDERS:
         _mount_point(root, folder)
 
 
-def _host_folders() -> list[str]:
+def covered_folders(folders: list[str]) -> list[str]:
+    """The `folders` under /tmp or /dev/shm, which each call's own tmpfs covers.
+
+    >>> covered_folders(["/usr", "/tmp/project/.venv", "/dev/shm/x", "/tmpfiles"])
+    ['/tmp/project/.venv', '/dev/shm/x']
+    """
+    return [folder for folder in folders if folder not in ("/", "/dev") and _inside(folder, [WORK_FOLDER, SHARED_MEMORY_FOLDER])]
+
+
+def host_folders() -> list[str]:
     """The host folders a call sees: the system's, then the interpreter's outside them, none inside another.
 
     An interpreter folder is taken both as named (sys.path holds that name) and as
@@ -618,8 +642,8 @@ def _mount_point(root: str, path: str, kind: str = "folder") -> str:
     return target
 
 
-def _bind(source: str, target: str) -> None:
-    _check(_libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {source}")
+def _bind(source: str, target: str, named: str = "") -> None:
+    _check(_libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {named or source}")
 
 
 def _make_devices(dev: str) -> None:
@@ -667,11 +691,13 @@ def _mount_sys(target: str) -> None:
     _libc.mount(b"sysfs", target.encode(), b"sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 
 
-def _mount_call_folders(config: dict[str, Any], owner: int) -> None:
+def _mount_call_folders(config: dict[str, Any], owner: int, covered: list[str]) -> None:
     """One fresh tmpfs of folder_mb for the call, owned by the uid it runs as, seen at /tmp and /dev/shm.
 
     It is mounted on CALL_STAGING, its two folders are bound out, and the staging
     mount is detached, so /run is empty again and both folders share one size limit.
+    The `covered` interpreter folders (under /tmp or /dev/shm) are bound back into it,
+    read-only as their HOST_COPIES are; no process of the call exists yet to race it.
     """
     options = f"size={config['folder_mb']}m,nr_inodes=10000,mode=0700,uid={owner},gid={owner}"
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
@@ -684,6 +710,9 @@ def _mount_call_folders(config: dict[str, Any], owner: int) -> None:
             _check(_libc.mount(inside.encode(), target.encode(), None, MS_BIND, None), f"bind {target}")
     finally:
         _check(_libc.umount2(CALL_STAGING.encode(), MNT_DETACH), f"detach {CALL_STAGING}")
+    for index, folder in enumerate(covered):
+        os.makedirs(folder, 0o755, exist_ok=True)
+        _bind(f"{HOST_COPIES}/{index}", folder)
 
 
 def _unmount_call_folders() -> None:
@@ -1043,7 +1072,7 @@ def printable(text: str) -> str:
     return "".join(ch if ch in "\t\n" or unicodedata.category(ch) != "Cc" else ch.encode("unicode_escape").decode() for ch in text)
 
 
-def new_folder(previous: str | None, config: dict[str, Any], isolation: dict[str, Any]) -> str:
+def new_folder(previous: str | None, config: dict[str, Any], isolation: dict[str, Any], covered: list[str]) -> str:
     """An empty working folder for the next call; the previous one, and all it held, is gone.
 
     With namespaces it is a fresh tmpfs on /tmp (and /dev/shm); otherwise a new folder
@@ -1053,7 +1082,7 @@ def new_folder(previous: str | None, config: dict[str, Any], isolation: dict[str
     if isolation["method"] != "none":
         if previous is not None:
             _unmount_call_folders()
-        _mount_call_folders(config, NOBODY if _as_nobody(isolation) else 0)
+        _mount_call_folders(config, NOBODY if _as_nobody(isolation) else 0, covered)
         return WORK_FOLDER
     if previous is not None:
         remove_folder(previous)
@@ -1262,13 +1291,14 @@ def _flush() -> None:
 
 
 def serve(requests: BinaryIO, replies: BinaryIO, config: dict[str, Any], isolation: dict[str, Any],
-          syscalls: SyscallFilter | None) -> None:  # fmt: skip
+          syscalls: SyscallFilter | None, covered: list[str]) -> None:  # fmt: skip
     """Answer one request per line until the host closes the pipe.
 
     After each reply, the previous call's folder is replaced and the next call's child
-    forked, so both are ready before the next request arrives.
+    forked, so both are ready before the next request arrives. `covered`: the interpreter
+    folders each call's folders get bound back (`covered_folders`).
     """
-    folder = new_folder(None, config, isolation)
+    folder = new_folder(None, config, isolation, covered)
     own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if isolation["method"] != "none" else None
     child = fork_child(folder, config, isolation, syscalls, own)
     for line in requests:
@@ -1282,7 +1312,7 @@ def serve(requests: BinaryIO, replies: BinaryIO, config: dict[str, Any], isolati
             discard(child, isolation)
         replies.write(json.dumps(reply).encode() + b"\n")
         replies.flush()
-        folder = new_folder(folder, config, isolation)
+        folder = new_folder(folder, config, isolation, covered)
         child = fork_child(folder, config, isolation, syscalls, own)
     discard(child, isolation)
     if isolation["method"] == "none":
@@ -1302,14 +1332,15 @@ def main() -> None:
     os.umask(0o022)
     for name in PRELOADED:
         __import__(name)
-    isolation = isolate(config)
+    folders = host_folders()  # before a mount covers any of them
+    isolation = isolate(config, folders)
     syscalls, refusal = filter_for_calls(isolation)
     isolation["syscalls"] = syscalls is not None
     isolation["note"] = "; ".join(each for each in (isolation["note"], refusal) if each)
     gc.freeze()  # what exists now is shared with every child; no collection there touches it
     replies.write(json.dumps({"isolation": isolation}).encode() + b"\n")
     replies.flush()
-    serve(requests, replies, config, isolation, syscalls)
+    serve(requests, replies, config, isolation, syscalls, covered_folders(folders))
 
 
 if __name__ == "__main__":
