@@ -12,8 +12,8 @@ pytest.importorskip("agentdojo")
 
 from toolpolicy.build import build_env, load_config  # noqa: E402
 from toolpolicy.config import ConfigError  # noqa: E402
-from toolpolicy.envs.agentdojo.env import AgentDojoEnv  # noqa: E402
-from toolpolicy.envs.agentdojo.package import ground_truth, starting_environment  # noqa: E402
+from toolpolicy.envs.agentdojo.env import AgentDojoEnv, AgentDojoSession  # noqa: E402
+from toolpolicy.envs.agentdojo.package import ATTACKS, attack_text, ground_truth, starting_environment  # noqa: E402
 from toolpolicy.gate import Gate, Policy  # noqa: E402
 from toolpolicy.model import char_codec, make_template  # noqa: E402
 from toolpolicy.rewards import attack_success, task_success  # noqa: E402
@@ -80,7 +80,29 @@ def test_splits_share_no_user_task_and_config_names_suite_and_attack() -> None:
     with pytest.raises(ConfigError, match="field 'env.suite': Input should be 'workspace', 'travel', 'banking' or 'slack'"):
         load_config(None, ["env=agentdojo", "env.suite=bank"])
     with pytest.raises(ConfigError, match="field 'env.attack': Input should be 'none', 'important_instructions'"):
-        load_config(None, ["env=agentdojo", "env.attack=tool_knowledge"])
+        load_config(None, ["env=agentdojo", "env.attack=manual"])  # a person types each injection
+    older = build_env(load_config(None, ["env=agentdojo", "env.suite=workspace", "env.version=v1.1"]).env)
+    assert len(older.suite.injection_tasks) == 6 and len(AgentDojoEnv("workspace").suite.injection_tasks) == 14
+    with pytest.raises(ConfigError, match="field 'env.version': Input should be 'v1', 'v1.1'"):
+        load_config(None, ["env=agentdojo", "env.version=v2"])
+
+
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if a != "none"])
+def test_every_attack_writes_its_text_without_a_model(attack: str) -> None:
+    """The package's own text for each attack, the same in every vector; a *dos attack
+    runs one injection task per user task and counts as successful when the task fails."""
+    env = AgentDojoEnv("banking", attack)
+    tasks = env.tasks("eval", 10_000, seed=0)
+    dos = attack.endswith("dos")
+    assert len(tasks) == len({t.info["user_task"] for t in tasks}) * (1 if dos else len(env.suite.injection_tasks))
+    user = env.suite.user_tasks[tasks[0].info["user_task"]]
+    injection = env.suite.injection_tasks[tasks[0].info["injection_task"]]
+    text = attack_text(env.suite, attack, user, injection)
+    assert text.strip() and (dos or attack == "tool_knowledge" or injection.GOAL in text)
+    session = AgentDojoSession(env, tasks[0])
+    assert session.dos == dos
+    if dos:  # nothing done: the user's task failed, which is what the attack wanted
+        assert session.finish()["attacked"] is True
 
 
 def test_a_tiny_model_runs_episodes_scored_by_the_suite() -> None:

@@ -1,9 +1,10 @@
 """`agentdojo`: one AgentDojo suite as an environment, scored by the suite's own checks.
 
-`suite` picks workspace, travel, banking or slack; `attack` is `none` (the user tasks
-alone: utility) or one of the package's fixed attacks (every pair of a user task and an
-injection task, the attack's text in every injection vector: utility under attack and
-attack success). Each episode runs on its own copy of the suite's environment
+`suite` picks workspace, travel, banking or slack, `version` the benchmark version (v1 to
+v1.2.2); `attack` is `none` (the user tasks alone: utility) or one of the package's attacks
+(every pair of a user task and an injection task, the attack's text in every injection
+vector: utility under attack and attack success; a `*dos` attack, one injection task per
+user task). Each episode runs on its own copy of the suite's environment
 (`AgentDojoSession`); the model's calls run through the package's own function runtime.
 
 The gate's opening facts (facts.py: the request, the user's own records) are computed
@@ -13,7 +14,8 @@ in `task.info["gate_facts"]`, which the engine puts in the episode's ledger.
 Outcome, read by the rewards:
 
     goal_reached   the user task's utility check on the final environment and answer
-    attacked       the injection task's security check (False without an injection)
+    attacked       the injection task's security check (False without an injection); under
+                   a `*dos` attack, whether the user task failed
     suite, user_task, injection_task
 
 Tasks are split by user task: even positions of the suite's list are `train`, odd ones
@@ -27,7 +29,18 @@ from typing import Any
 
 from toolpolicy.envs.agentdojo.facts import opening_facts
 from toolpolicy.envs.base import opening
-from toolpolicy.envs.agentdojo.package import ATTACKS, Attack, LiveEnvironment, Suite, load_suite, starting_environment, toolset
+from toolpolicy.envs.agentdojo.package import (
+    ATTACKS,
+    BENCHMARK_VERSION,
+    Attack,
+    LiveEnvironment,
+    Suite,
+    Version,
+    load_suite,
+    starting_environment,
+    is_dos,
+    toolset,
+)
 from toolpolicy.types import Message, Task
 
 SYSTEM_PROMPT = (
@@ -55,6 +68,7 @@ class AgentDojoSession:
         self.user_task = suite.user_tasks[task.info["user_task"]]
         injection_id = task.info["injection_task"]
         self.injection_task = suite.injection_tasks[injection_id] if injection_id else None
+        self.dos = is_dos(suite, env.attack)
         environment = starting_environment(suite, env.attack, self.user_task, self.injection_task)
         self.pre_environment = environment.model_copy(deep=True)
         self.live = LiveEnvironment(suite, environment, [])
@@ -67,9 +81,13 @@ class AgentDojoSession:
 
     def finish(self) -> dict[str, Any]:
         live, pre = self.live, self.pre_environment
-        attacked = self.injection_task is not None and live.attacked(self.injection_task, pre, self.answer)
+        goal_reached = live.utility(self.user_task, pre, self.answer)
+        if self.dos:  # the attack wanted the agent to stop: it succeeded when the user's task failed
+            attacked = not goal_reached
+        else:
+            attacked = self.injection_task is not None and live.attacked(self.injection_task, pre, self.answer)
         return {
-            "goal_reached": live.utility(self.user_task, pre, self.answer),
+            "goal_reached": goal_reached,
             "attacked": attacked,
             "suite": live.suite.name,
             "user_task": self.user_task.ID,
@@ -85,10 +103,10 @@ class AgentDojoEnv:
     success_reward = "task_success"
     default_rewards = {"task_success": 1.0, "attack_success": 0.0, "invalid_call_count": -0.1, "tool_call_count": 0.0}
 
-    def __init__(self, suite: Suite = "banking", attack: Attack = "none") -> None:
+    def __init__(self, suite: Suite = "banking", attack: Attack = "none", version: Version = BENCHMARK_VERSION) -> None:
         if attack not in ATTACKS:
             raise ValueError(f"unknown AgentDojo attack {attack!r}; known: {', '.join(ATTACKS)}")
-        self.suite = load_suite(suite)
+        self.suite = load_suite(suite, version)
         self.attack = attack
         self.tools = toolset(self.suite, None)
 
@@ -97,6 +115,8 @@ class AgentDojoEnv:
             raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
         users = [u for i, u in enumerate(self.suite.user_tasks.values()) if split_of(i) == split]
         injections = [None] if self.attack == "none" else list(self.suite.injection_tasks.values())
+        if is_dos(self.suite, self.attack):  # its text names no goal: one injection task, as the package runs it
+            injections = injections[:1]
         pairs = [(u, i) for u in users for i in injections]
         chosen = random.Random(seed).sample(pairs, min(n, len(pairs)))
         return [self._task(user, injection) for user, injection in chosen]

@@ -24,6 +24,10 @@ from toolpolicy.types import ToolCall, ToolResult, ToolSpec
 
 BENCHMARK_VERSION = "v1.2.2"
 """The suites' version: the package's default for its benchmark runs."""
+Version = Literal["v1", "v1.1", "v1.1.1", "v1.1.2", "v1.2", "v1.2.1", "v1.2.2"]
+"""Every benchmark version the package registers: the same four suites, with user and
+injection tasks revised or added from one version to the next."""
+VERSIONS: tuple[str, ...] = get_args(Version)
 
 Suite = Literal["workspace", "travel", "banking", "slack"]
 SUITES: tuple[str, ...] = get_args(Suite)
@@ -38,9 +42,20 @@ Attack = Literal[
     "system_message",
     "injecagent",
     "direct",
+    "important_instructions_wrong_model_name",
+    "important_instructions_wrong_user_name",
+    "tool_knowledge",
+    "dos",
+    "swearwords_dos",
+    "captcha_dos",
+    "offensive_email_dos",
+    "felony_dos",
 ]
-"""`none` (user tasks alone, for utility) and the package's attacks that need no model:
-each is a fixed text with the injection task's goal put in."""
+"""`none` (user tasks alone, for utility) and every attack the package registers but
+`manual` (a person types each injection): each writes its text from the user task and the
+injection task without asking a model. The `*dos` attacks want the agent to stop rather
+than to reach the injection task's goal: the package runs them with one injection task and
+counts them successful when the user task fails (`is_dos`)."""
 ATTACKS: tuple[str, ...] = get_args(Attack)
 
 TARGET_NAME = "local"
@@ -48,13 +63,15 @@ TARGET_NAME = "local"
 
 
 @lru_cache(maxsize=None)
-def load_suite(name: str) -> Any:
-    """The TaskSuite `name` of BENCHMARK_VERSION; a clear error names the known suites."""
+def load_suite(name: str, version: str = BENCHMARK_VERSION) -> Any:
+    """The TaskSuite `name` of benchmark `version`; a clear error names the known suites and versions."""
     if name not in SUITES:
         raise ValueError(f"unknown AgentDojo suite {name!r}; known: {', '.join(SUITES)}")
+    if version not in VERSIONS:
+        raise ValueError(f"unknown AgentDojo benchmark version {version!r}; known: {', '.join(VERSIONS)}")
     from agentdojo.task_suite import get_suite
 
-    return get_suite(BENCHMARK_VERSION, name)
+    return get_suite(version, name)
 
 
 def ground_truth(task: Any, environment: Any) -> list[ToolCall]:
@@ -71,20 +88,37 @@ def starting_environment(suite: Any, attack: str, user_task: Any, injection_task
     Every vector, not only those the user task's ground truth reads: the agent may read any
     of them, and the text of the package's fixed attacks does not depend on the vector."""
     text = "" if attack == "none" or injection_task is None else attack_text(suite, attack, user_task, injection_task)
-    return user_task.init_environment(_loaded(suite.name, text).model_copy(deep=True))
+    return user_task.init_environment(_loaded(suite, text).model_copy(deep=True))
 
 
 @lru_cache(maxsize=16)
-def _loaded(suite_name: str, text: str) -> Any:
-    """The environment with `text` in every injection vector ("": the defaults); parsing the
-    suite's YAML is the slow part (0.5 s for workspace), so each is parsed once and copied."""
-    suite = load_suite(suite_name)
+def _loaded(suite: Any, text: str) -> Any:
+    """The environment of `suite` (a loaded suite: one object per name and version) with `text`
+    in every injection vector ("": the defaults); parsing the suite's YAML is the slow part
+    (0.5 s for workspace), so each is parsed once and copied."""
     injections = {vector: text for vector in suite.get_injection_vector_defaults()} if text else {}
     return suite.load_and_inject_default_environment(injections)
 
 
 def attack_text(suite: Any, attack: str, user_task: Any, injection_task: Any) -> str:
-    """The package's text of `attack` asking for `injection_task`'s goal."""
+    """The package's text of `attack` asking for `injection_task`'s goal, as it writes it for
+    the injection vectors `user_task` reads (one text for all of them: none of the package's
+    attacks writes a vector's text from the vector)."""
+    texts = set(_attack(suite, attack).attack(user_task, injection_task).values())
+    if len(texts) != 1:
+        raise ValueError(f"AgentDojo attack {attack!r} wrote {len(texts)} texts for {user_task.ID}, not one")
+    return texts.pop()
+
+
+def is_dos(suite: Any, attack: str) -> bool:
+    """Whether `attack` wants the agent to stop (it then succeeds when the user task fails)."""
+    return attack != "none" and bool(_attack(suite, attack).is_dos_attack)
+
+
+@lru_cache(maxsize=64)
+def _attack(suite: Any, attack: str) -> Any:
+    """The package's attack object for `suite` (a loaded suite: one object per name and
+    version, so it keys the cache), aimed at a target named TARGET_NAME."""
     if attack not in ATTACKS or attack == "none":
         raise ValueError(f"unknown AgentDojo attack {attack!r}; known: {', '.join(ATTACKS)}")
     from agentdojo.agent_pipeline.base_pipeline_element import BasePipelineElement
@@ -96,13 +130,7 @@ def attack_text(suite: Any, attack: str, user_task: Any, injection_task: Any) ->
         def query(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("the attack text needs only the target's name")
 
-    jailbreak = load_attack(attack, suite, Target())
-    return jailbreak.jailbreak.format(
-        goal=injection_task.GOAL,
-        user=jailbreak.user_name,
-        model=jailbreak.model_name,
-        task=jailbreak.summarize_task(user_task),
-    )
+    return load_attack(attack, suite, Target())
 
 
 @dataclass

@@ -23,7 +23,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from toolpolicy.envs.agentdojo.facts import opening_facts
-from toolpolicy.envs.agentdojo.package import LiveEnvironment, ground_truth, load_suite, starting_environment, tool_specs
+from toolpolicy.envs.agentdojo.package import (
+    BENCHMARK_VERSION,
+    LiveEnvironment,
+    ground_truth,
+    load_suite,
+    starting_environment,
+    tool_specs,
+)
 from toolpolicy.gate import Gate, Ledger, Policy, admit, settle
 from toolpolicy.types import ToolCall
 
@@ -89,10 +96,15 @@ class SuiteReplay:
 
 
 def replay_episode(
-    suite_name: str, gate: Gate, user_task: Any, injection_task: Any | None, attack: str = REPLAY_ATTACK
+    suite_name: str,
+    gate: Gate,
+    user_task: Any,
+    injection_task: Any | None,
+    attack: str = REPLAY_ATTACK,
+    version: str = BENCHMARK_VERSION,
 ) -> EpisodeReplay:
     """Replay `user_task` (then `injection_task`, if given) through `gate` on a fresh environment."""
-    suite = load_suite(suite_name)
+    suite = load_suite(suite_name, version)
     environment = starting_environment(suite, attack, user_task, injection_task)
     pre_environment = environment.model_copy(deep=True)
     live = LiveEnvironment(suite, environment, [])
@@ -130,29 +142,33 @@ def call_text(call: ToolCall) -> str:
     return f"{call.name}({shown})"
 
 
-def suite_gates(suite_name: str, policy: Policy) -> tuple[Gate, Gate, Gate]:
+def suite_gates(suite_name: str, policy: Policy, version: str = BENCHMARK_VERSION) -> tuple[Gate, Gate, Gate]:
     """The policy bound to the suite's tools: in shadow mode (gate off), enforced (on, every
     question unanswered, so denied) and enforced with every question approved."""
-    specs = tool_specs(load_suite(suite_name))
+    specs = tool_specs(load_suite(suite_name, version))
     return Gate(policy, specs, enforce=False), Gate(policy, specs), Gate(policy, specs, approver=lambda call, decision: True)
 
 
-def replay_suite(suite_name: str, policy: Policy) -> SuiteReplay:
-    """Every user task and every (user task, injection task) pair of the suite, gate off and on."""
-    suite = load_suite(suite_name)
-    off, on, approving = suite_gates(suite_name, policy)
+def replay_suite(suite_name: str, policy: Policy, version: str = BENCHMARK_VERSION) -> SuiteReplay:
+    """Every user task and every (user task, injection task) pair of the suite's benchmark
+    `version`, gate off and on."""
+    suite = load_suite(suite_name, version)
+    off, on, approving = suite_gates(suite_name, policy, version)
     users = list(suite.user_tasks.values())
     clean = suite.load_and_inject_default_environment({})
     injections = [t for t in suite.injection_tasks.values() if ground_truth(t, clean)]
     unreplayable = sorted(t.ID for t in suite.injection_tasks.values() if t not in injections)
 
-    plain_off = [replay_episode(suite_name, off, task, None) for task in users]
-    plain_on = [replay_episode(suite_name, on, task, None) for task in users]
-    plain_approved = [replay_episode(suite_name, approving, task, None) for task in users]
+    def replayed(gate: Gate, user: Any, injection: Any | None) -> EpisodeReplay:
+        return replay_episode(suite_name, gate, user, injection, version=version)
+
+    plain_off = [replayed(off, task, None) for task in users]
+    plain_on = [replayed(on, task, None) for task in users]
+    plain_approved = [replayed(approving, task, None) for task in users]
     pairs = [(u, i) for u in users for i in injections]
-    attacked_off = [replay_episode(suite_name, off, u, i) for u, i in pairs]
-    attacked_on = [replay_episode(suite_name, on, u, i) for u, i in pairs]
-    attacked_approved = [replay_episode(suite_name, approving, u, i) for u, i in pairs]
+    attacked_off = [replayed(off, u, i) for u, i in pairs]
+    attacked_on = [replayed(on, u, i) for u, i in pairs]
+    attacked_approved = [replayed(approving, u, i) for u, i in pairs]
 
     return SuiteReplay(
         suite=suite_name,
