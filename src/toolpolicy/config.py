@@ -269,6 +269,10 @@ class RLSection(Section):
     """RL steps, one rollout batch each (algorithm.mini_batches x update_passes optimizer steps on it)."""
     prompts_per_step: int = Field(8, ge=1)
     """Distinct tasks per RL step."""
+    task_pool: int | None = Field(None, ge=1)
+    """Train on a fixed set of this many tasks (drawn once from run.seed), each step taking
+    prompts_per_step of them, so tasks come back as in epochs over a dataset (what success
+    replay needs); None: fresh tasks every step."""
     group_size: int = Field(8, ge=2)
     """Samples per task; advantages are computed within each group."""
     lr: float = Field(1e-4, gt=0)
@@ -383,6 +387,10 @@ class AlgorithmSection(Section):
     teacher_alone: bool = False
     """Distil only: the task advantages are left out (the rewards stay as metrics), and every
     group trains, since each carries the teacher's signal."""
+    replay: bool = False
+    """Success replay (SPEAR): a group whose episodes all failed gets the last stored success of
+    its task in place of its last episode, weighted as a stale rollout by the ratio of the
+    current policy to the one that sampled it (toolpolicy.trainer.replay)."""
 
 
 class OptimSection(Section):

@@ -195,3 +195,17 @@ class Episode:
             "outcome": self.outcome,
             "response_tokens": self.response_tokens,
         }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Episode:
+        """The episode `to_dict` wrote (tool call ids are not kept there)."""
+        task = data["task"]
+        return Episode(
+            Task(task["id"], task["prompt"], task["answer"], dict(task.get("info", {}))),
+            [Message.from_dict(m) for m in data["messages"]],
+            [Event(e["kind"], int(e["turn"]), e.get("detail", "")) for e in data.get("events", ())],
+            bool(data.get("truncated", False)),
+            data.get("infra_error"),
+            dict(data.get("outcome", {})),
+            int(data.get("response_tokens", 0)),
+        )

@@ -104,10 +104,12 @@ def save_checkpoint(
     sampler: torch.Generator | None,
     keep: int,
     rollouts: dict[str, Any] | None = None,
+    replay: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically; keep the newest `keep`. `rollouts`: the rollout
     pool's state (`Rollouts.state()`: each audit log's own state), so that a resumed run
-    cuts the decisions it will take again."""
+    cuts the decisions it will take again. `replay`: the success replay's store
+    (`SuccessReplay.state()`), so that a resumed run replays what this one would."""
     final = phase_dir / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -117,6 +119,7 @@ def save_checkpoint(
     state = {
         "step": step,
         "rollouts": rollouts or {},
+        "replay": replay or {},
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": {
@@ -149,6 +152,8 @@ class Restored(NamedTuple):
     step: int
     rollouts: dict[str, Any]
     """The rollout pool's state when the checkpoint was taken (see `save_checkpoint`)."""
+    replay: dict[str, Any] = {}
+    """The success replay's store (empty: none, or a checkpoint from before it existed)."""
 
 
 def older_rollout_state(state: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +176,8 @@ def restore_state(
     torch.set_rng_state(state["rng"]["torch"])
     if sampler is not None and state["rng"]["sampler"] is not None:
         sampler.set_state(state["rng"]["sampler"])
-    return Restored(int(state["step"]), state["rollouts"] if "rollouts" in state else older_rollout_state(state))
+    rollouts = state["rollouts"] if "rollouts" in state else older_rollout_state(state)
+    return Restored(int(state["step"]), rollouts, state.get("replay", {}))
 
 
 class MetricsLog:

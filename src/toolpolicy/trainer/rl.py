@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 import sys
 import time
 from collections import Counter, defaultdict, deque
@@ -68,6 +69,7 @@ from toolpolicy.trainer.credit import (
     update_mask,
 )
 from toolpolicy.trainer.distributed import World
+from toolpolicy.trainer.replay import SuccessReplay
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine, save_start, saved_start
 from toolpolicy.trainer.teacher import DistilledCredit, Teacher, same_vocabulary
 from toolpolicy.trainer.trackers import open_trackers
@@ -116,6 +118,8 @@ class Sampling:
     """Each episode samples from its own stream (episode_seed), not the batch's generator."""
     fits: Callable[[Task], bool] | None = None
     """Whether a task's prompt is within max_prompt_tokens (None: every task is drawn)."""
+    pool: int | None = None
+    """Draw each step's tasks from a fixed set of this many (rl.task_pool); None: fresh ones."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,8 @@ class StepRollouts:
     groups: Tensor
     """[G] bool: groups kept for the update (with dynamic sampling, the first with a signal)."""
     refill_rounds: int
+    replayed: Tensor
+    """[B] bool: episodes a stored success stands in for (success replay); not sampled this step."""
 
 
 def draw_tasks(env: Env, n: int, seed: int, fits: Callable[[Task], bool] | None) -> list[Task]:
@@ -156,36 +162,55 @@ def prompt_fits(env: Env, template: ChatTemplate, encode: Encode, most: int) -> 
     return lambda task: len(prompt_ids(env, template, encode, task)) <= most
 
 
+def pooled_tasks(env: Env, sampling: Sampling, seed: int) -> list[Task]:
+    """`sampling.prompts` tasks of round `seed`: drawn fresh, or sampled without replacement
+    from the fixed set of `sampling.pool` tasks (the same set every step, from the run's seed)."""
+    if sampling.pool is None:
+        return draw_tasks(env, sampling.prompts, seed, sampling.fits)
+    pool = draw_tasks(env, sampling.pool, train_seed(sampling.seed, -1, 0), sampling.fits)
+    return random.Random(seed).sample(pool, min(sampling.prompts, len(pool)))
+
+
 def submit_round(rollouts: Rollouts, sampling: Sampling, step: int, refill: int) -> Pending:
     """Start the episodes of one round of `step`: group_size per task, groups contiguous."""
-    tasks = draw_tasks(rollouts.env, sampling.prompts, train_seed(sampling.seed, step, refill), sampling.fits)
+    tasks = pooled_tasks(rollouts.env, sampling, train_seed(sampling.seed, step, refill))
     episodes = [task for task in tasks for _ in range(sampling.group_size)]
     seeds = [episode_seed(sampling.seed, step, refill, i) for i in range(len(episodes))] if sampling.episode_streams else None
     return rollouts.submit(episodes, seeds, sampling.group_size)
 
 
 def sample_groups(
-    rollouts: Rollouts, rubric: Rubric, credit: Credit, sampling: Sampling, step: int, first: Pending | None = None
+    rollouts: Rollouts,
+    rubric: Rubric,
+    credit: Credit,
+    sampling: Sampling,
+    step: int,
+    first: Pending | None = None,
+    replay: SuccessReplay | None = None,
 ) -> StepRollouts:
     """Roll out group_size episodes per task and score them. With dynamic sampling, draw
     more tasks while fewer than `sampling.prompts` groups carry a signal for the credit
     (DAPO's refill, at most `refill_rounds` rounds), then keep the first of those.
-    `first`: the step's first round, already submitted (async RL)."""
+    `first`: the step's first round, already submitted (async RL). `replay`: each round's
+    all-failed groups get a stored success of their task (trainer/replay.py)."""
     size = sampling.group_size
     trajectories: list[Trajectory] = []
     scores: list[Score] = []
+    replayed: list[bool] = []
     for refill in range(sampling.refill_rounds + 1):
         pending = first if refill == 0 and first is not None else submit_round(rollouts, sampling, step, refill)
         scored = pending()
+        scored, stand_ins = replay.fill(scored, size) if replay is not None else (scored, [False] * len(scored))
         trajectories += [t for t, _ in scored]
         scores += [score for _, score in scored]
+        replayed += stand_ins
         usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
         rewards, weights = reward_matrix(rubric, scores, usable, size)  # [B, C], [C]
         signal = credit.signal(trajectories, rewards, weights, size)  # [G]
         if not sampling.dynamic or int(signal.sum()) >= sampling.prompts:
             break
     groups = first_groups(signal, sampling.prompts) if sampling.dynamic else torch.ones_like(signal)  # [G]
-    return StepRollouts(trajectories, scores, rewards, weights, usable, signal, groups, refill)
+    return StepRollouts(trajectories, scores, rewards, weights, usable, signal, groups, refill, torch.tensor(replayed, dtype=torch.bool))
 
 
 UPDATE_SUMS = (
@@ -515,7 +540,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     recompute = FULL_SEQUENCES if cfg.model.gradient_checkpointing else SHARED_PROMPTS  # no KV cache to share then
     sampling = Sampling(
         rl.prompts_per_step, rl.group_size, cfg.algorithm.dynamic_sampling, cfg.algorithm.max_refill_rounds, cfg.run.seed,
-        episode_streams=rl.sampling_streams == "episode",
+        episode_streams=rl.sampling_streams == "episode", pool=rl.task_pool,
     )
     phase_dir = run_dir / "rl"
     checkpoint = resume_from(phase_dir) if resume else None
@@ -566,6 +591,9 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     if cfg.env.max_prompt_tokens is not None:
         sampling = replace(sampling, fits=prompt_fits(pool.env, policy.chat, policy.encode, cfg.env.max_prompt_tokens))
     success = reward_function(pool.env.success_reward)
+    replay = SuccessReplay(lambda episode: success(episode) == 1.0) if cfg.algorithm.replay else None
+    if replay is not None:
+        replay.restore(restored.replay)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
 
     ahead: deque[tuple[int, Pending]] = deque()  # submitted first rounds of the next steps, with their weights' version
@@ -581,7 +609,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 ahead.append((updates, submit_round(pool, sampling, step + len(ahead), 0)))
             version, first = ahead.popleft()
             staleness = updates - version  # batches' updates the first round's sampler had not seen
-            sampled = sample_groups(pool, rubric, credit, sampling, step, first)
+            sampled = sample_groups(pool, rubric, credit, sampling, step, first, replay)
             trajectories = sampled.trajectories
             rollout_time = time.perf_counter() - began
             check_dropped(trajectories, step, world.main)
@@ -609,10 +637,14 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 pool.sync(model)  # a sampler with its own copy of the weights gets the new ones
 
             # 4. Log and checkpoint.
-            record = {"phase": "rl", "step": step + 1, **rollout_metrics(trajectories, sampled.scores, success), **update}
+            fresh = [i for i, stand_in in enumerate(sampled.replayed.tolist()) if not stand_in]  # sampled this step
+            fresh_metrics = rollout_metrics([trajectories[i] for i in fresh], [sampled.scores[i] for i in fresh], success)
+            record = {"phase": "rl", "step": step + 1, **fresh_metrics, **update}
             signal_groups = int((sampled.groups & sampled.signal).sum())
             record.update({"kept_groups": int(sampled.groups.sum()), "signal_groups": signal_groups})
             record["trained_episodes"] = len(order)
+            if replay is not None:
+                record["replayed_episodes"] = int(sampled.replayed.sum())
             record.update({"refill_rounds": sampled.refill_rounds, "lr": lr, "optimizer_steps": len(grad_norms)})
             record["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
             record["staleness"] = staleness
@@ -636,7 +668,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 if world.main:
                     save_checkpoint(
                         phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, generator, cfg.run.keep_checkpoints,
-                        rollouts=rollout_state,
+                        rollouts=rollout_state, replay=replay.state() if replay is not None else None,
                     )
                 world.barrier()  # no rank runs ahead of a checkpoint it may resume from
 
