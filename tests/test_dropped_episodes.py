@@ -120,8 +120,8 @@ def test_rl_warns_and_logs_each_step_it_drops_episodes_from_and_stops_past_half(
     drops all but one (the run stops with a user error saying why)."""
     sampled = rl.sample_groups
 
-    def tools_fail(pool, rubric, credit, sampling, step: int, first=None) -> rl.StepRollouts:
-        rollouts = sampled(pool, rubric, credit, sampling, step, first)
+    def tools_fail(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> rl.StepRollouts:
+        rollouts = sampled(pool, rubric, credit, sampling, step, first, replay)
         broken = 1 if step == 0 else len(rollouts.trajectories) - 1
         for trajectory in rollouts.trajectories[:broken]:
             trajectory.episode.infra_error = RAISED

@@ -137,8 +137,10 @@ def test_replay_in_training_resumes_exactly(tmp_path) -> None:
     from conftest import SMOKE
     from test_resume import CALC_SFT, DRIVER, KILLERS, _metrics
 
+    # One thread in this process and in the killed one, whatever earlier tests set: the same sums.
     settings = [f"rl.init_from={CALC_SFT}", "rl.steps=6", "run.checkpoint_every=2", "algorithm.replay=true",
-                "rl.task_pool=3", "rl.prompts_per_step=3", "algorithm.dynamic_sampling=false", "rl.temperature=1.5"]  # fmt: skip
+                "rl.task_pool=3", "rl.prompts_per_step=3", "algorithm.dynamic_sampling=false", "rl.temperature=1.5",
+                "run.threads=1"]  # fmt: skip
     command = ["train", str(SMOKE), *[a for s in settings for a in ("--set", s)]]
     assert main([*command, "--set", f"run.dir={tmp_path / 'straight'}"]) == 0
     straight = _metrics(tmp_path / "straight", "rl")

@@ -52,8 +52,8 @@ def test_rl_with_no_reward_signal_stops_and_keeps_its_run_folder(untrained: Path
 def test_a_step_with_a_signal_starts_the_count_again(untrained: Path, tmp_path: Path, monkeypatch) -> None:
     sampled = rl.sample_groups
 
-    def signal_on_step_2(pool, rubric, credit, sampling, step: int, first=None) -> rl.StepRollouts:
-        rollouts = sampled(pool, rubric, credit, sampling, step, first)
+    def signal_on_step_2(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> rl.StepRollouts:
+        rollouts = sampled(pool, rubric, credit, sampling, step, first, replay)
         second = step == 1  # steps count from 0 here, from 1 in the metrics
         return replace(rollouts, signal=torch.full_like(rollouts.signal, second), groups=torch.full_like(rollouts.groups, second))
 
@@ -70,8 +70,8 @@ def test_a_step_that_trains_nothing_leaves_the_lr_schedule_where_it_is(untrained
     also make torch warn "lr_scheduler.step() before optimizer.step()" on every such run."""
     sampled = rl.sample_groups
 
-    def groups_from_step_2(pool, rubric, credit, sampling, step: int, first=None) -> rl.StepRollouts:
-        rollouts = sampled(pool, rubric, credit, sampling, step, first)
+    def groups_from_step_2(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> rl.StepRollouts:
+        rollouts = sampled(pool, rubric, credit, sampling, step, first, replay)
         kept = step >= 1  # steps count from 0 here, from 1 in the metrics
         return replace(rollouts, signal=torch.full_like(rollouts.signal, kept), groups=torch.full_like(rollouts.groups, kept))
 

@@ -444,6 +444,9 @@ def test_system_calls_off_the_allow_list_fail_with_enosys(sandbox: PythonSandbox
     assert run.output.splitlines() == expected, run.observation()
 
 
+INTERPRETER_IN_TMP = "interpreter = {p.split('/')[2] for p in [sys.prefix, *sys.path] if p.startswith('/tmp/')}"
+"""Code that names the folders of /tmp a call finds there already: the interpreter's, when it
+lives under /tmp (a clone there), bound back read-only into every call's /tmp."""
 PROGRAMS = {  # name: code, run with the filter on in every mode that has one
     "standard library imports": (
         "import argparse, array, asyncio, base64, bisect, bz2, calendar, collections, concurrent.futures, contextlib\n"
@@ -484,14 +487,15 @@ PROGRAMS = {  # name: code, run with the filter on in every mode that has one
         "try:\n    socket.getaddrinfo('example.com', 80)\nexcept OSError as error:\n    print('dns', type(error).__name__)\n"
     ),
     "files": (
-        "import os, shutil, tempfile, pathlib, glob\n"
+        "import os, shutil, tempfile, pathlib, glob, sys\n"
+        f"{INTERPRETER_IN_TMP}\n"
         "path = pathlib.Path('/tmp/a/b')\npath.mkdir(parents=True)\n(path / 'f.txt').write_text('hello' * 1000)\n"
         "shutil.copy(path / 'f.txt', '/tmp/copy.txt')\nshutil.copytree('/tmp/a', '/tmp/tree')\nos.rename('/tmp/copy.txt', '/tmp/moved.txt')\n"
         "os.symlink('/tmp/moved.txt', '/tmp/link')\nos.chmod('/tmp/moved.txt', 0o600)\nos.utime('/tmp/moved.txt', (1, 1))\n"
         "os.truncate('/tmp/moved.txt', 10)\nos.link('/tmp/moved.txt', '/tmp/hard')\n"
         "with open('/tmp/moved.txt', 'r+b') as handle:\n    handle.seek(2)\n    handle.write(b'XY')\n    handle.flush()\n    os.fsync(handle.fileno())\n"
         "with tempfile.NamedTemporaryFile(dir='/tmp') as scratch:\n    scratch.write(b'x')\n"
-        "print(sorted(glob.glob('/tmp/**', recursive=True)), os.stat('/tmp/link').st_size, os.lstat('/tmp/link').st_size > 0)\n"
+        "print(sorted(p for p in glob.glob('/tmp/**', recursive=True) if p.split('/')[2] not in interpreter), os.stat('/tmp/link').st_size, os.lstat('/tmp/link').st_size > 0)\n"
         "print(os.path.getsize('/tmp/tree/b/f.txt'), open('/tmp/hard', 'rb').read(), os.access('/tmp/hard', os.R_OK))\n"
         "print(len(os.listdir('/usr/lib')) > 0, os.statvfs('/tmp').f_bsize > 0, [e.name for e in os.scandir('/tmp/a')])\n"
         "shutil.rmtree('/tmp/tree')\nos.unlink('/tmp/link')\nprint(os.path.exists('/tmp/tree'), os.getcwd())\n"
@@ -646,8 +650,9 @@ def test_calls_share_no_state(solo: PythonSandbox) -> None:
         "print(random.random())"
     )
     second = solo.run(
-        "import os, math, random\n"
-        "print(os.listdir('.'), math.pi, 'LEFT' in os.environ, 'counter' in globals())\n"
+        "import os, math, random, sys\n"
+        f"{INTERPRETER_IN_TMP}\n"
+        "print([name for name in os.listdir('.') if name not in interpreter], math.pi, 'LEFT' in os.environ, 'counter' in globals())\n"
         "print(random.random())"
     )
     assert first.status == second.status == "ok"
