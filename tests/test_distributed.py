@@ -1,5 +1,7 @@
 """Training across processes: `torchrun --nproc-per-node 2 -m toolpolicy train` on this CPU
-(gloo) takes the steps one process takes with the same global batch, and resumes exactly.
+(gloo) takes the steps one process takes with the same global batch, and resumes exactly,
+whether the processes hold the whole model each (model.sharing: replicate) or shards of it
+(shard, FSDP2).
 
 With episode sampling streams every episode's tokens depend only on its seed, so the two
 runs sample the same episodes; the update differs only in the order floats are summed."""
@@ -30,7 +32,7 @@ from conftest import SMOKE, free_port
 CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
 BASE = ["--set", f"rl.init_from={CALC_SFT}", "--set", "rl.steps=3", "--set", "run.checkpoint_every=2"]
 RUN = [*BASE, "--set", "rl.sampling_streams=episode", "--set", "gate.audit=true"]
-VARIES = ("time/", "memory/", "tokens/prefill", "tokens/decode")  # timings, and work that depends on batch shape
+VARIES = ("time/", "memory/", "tokens/prefill", "tokens/decode", "tokens_per_s")  # timings, and work that depends on batch shape
 
 
 def torchrun(*args: str) -> None:
@@ -63,10 +65,10 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("ddp") / "two"
-    torchrun("train", str(SMOKE), *RUN, "--set", f"run.dir={run_dir}")
+@pytest.fixture(scope="module", params=["replicate", "shard"])
+def two_processes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ddp") / f"two-{request.param}"
+    torchrun("train", str(SMOKE), *RUN, "--set", f"model.sharing={request.param}", "--set", f"run.dir={run_dir}")
     return run_dir
 
 
@@ -98,6 +100,8 @@ def test_two_processes_resume_exactly(two_processes: Path, tmp_path: Path):
     shutil.copytree(two_processes, run_dir)
     shutil.rmtree(run_dir / "rl" / "checkpoints" / "step_000003")
     shutil.rmtree(run_dir / "rl" / "final")
+    sharded = (run_dir / "rl" / "checkpoints" / "step_000002" / "optimizer_shards").is_dir()
+    assert sharded == two_processes.name.endswith("shard")  # a sharded run's optimizer state is in shards
     torchrun("train", "--resume", str(run_dir))
     assert metrics(run_dir) == metrics(two_processes)  # same samples, same sums: bit for bit
     for name in ("audit.jsonl", "audit.rank1.jsonl"):
@@ -108,6 +112,95 @@ def test_two_processes_resume_exactly(two_processes: Path, tmp_path: Path):
         assert verify(run_dir / name).ok
     w1, w2 = weights(run_dir), weights(two_processes)
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+STEPS = Path(__file__).with_name("sharded_steps.py")
+GRAD_CLIP = 0.5  # sharded_steps.GRAD_CLIP
+
+
+@pytest.fixture(scope="module")
+def one_process_steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("steps") / "one.pt"
+    process = subprocess.run([sys.executable, str(STEPS), "replicate", str(out)], capture_output=True, text=True, timeout=600)
+    assert process.returncode == 0, process.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("sharing", ["replicate", "shard"])
+def test_two_processes_update_a_fixed_batch_as_one_process_does(sharing: str, one_process_steps: dict, tmp_path: Path):
+    """Three RL updates of the calc model on one batch (tests/sharded_steps.py: unequal
+    micro-batches per rank, a rank with nothing to train, a sharded KL reference, clipping):
+    the same losses and weights as one process to 1e-6, and gradient norms to 1e-5."""
+    out = tmp_path / "two.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(STEPS), sharing, str(out)]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert process.returncode == 0, process.stderr[-3000:]
+    one, two = one_process_steps, torch.load(out)
+    assert len(two["grad_norms"]) == 6 and max(two["grad_norms"]) > GRAD_CLIP  # 2 optimizer steps an update, some clipped
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-6, abs=1e-6)
+    assert two["grad_norms"] == pytest.approx(one["grad_norms"], rel=1e-5)  # norms of sums taken in another order
+    start = load_file(CALC_SFT / "model.safetensors")
+    moved = max(float((one["weights"][k] - start[k]).abs().max()) for k in start)
+    assert moved > 1e-4  # 1e-6 below is a gap, not a standstill
+    for name, tensor in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], tensor, rtol=1e-6, atol=1e-6)
+
+
+SFT = [
+    "--set", "sft.steps=4", "--set", "run.checkpoint_every=2", "--set", "sft.examples=64", "--set", "embedded.tokenizer_texts=50",
+    "--set", "sft.batch_size=13", "--set", "optim.micro_batch_size=2",  # 7 and 6 examples: 4 and 3 micro-batches
+]
+
+
+@pytest.fixture(scope="module")
+def one_process_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("sft") / "one"
+    assert main(["sft", str(SMOKE), *SFT, "--set", f"run.dir={run_dir}"]) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def sharded_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("sft") / "shard"
+    torchrun("sft", str(SMOKE), *SFT, "--set", "model.sharing=shard", "--set", f"run.dir={run_dir}")
+    return run_dir
+
+
+def test_sharded_sft_takes_the_steps_one_process_takes(one_process_sft: Path, sharded_sft: Path):
+    """`toolpolicy sft` in 2 processes holding shards of the model (each a share of every
+    batch, unequal micro-batches): one process's losses, and its weights to float rounding."""
+    one, two = metrics(one_process_sft), metrics(sharded_sft)
+    assert [row["step"] for row in two] == [1, 2, 3, 4]
+    assert [row["loss"] for row in two] == pytest.approx([row["loss"] for row in one], rel=1e-6)
+    assert [row["grad_norm"] for row in two] == pytest.approx([row["grad_norm"] for row in one], rel=1e-5)
+    w1 = load_file(one_process_sft / "sft" / "final" / "model.safetensors")
+    w2 = load_file(sharded_sft / "sft" / "final" / "model.safetensors")
+    for name, tensor in w1.items():
+        torch.testing.assert_close(w2[name], tensor, rtol=1e-5, atol=1e-5)
+    state = [json.loads(line) for line in (sharded_sft / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < row["memory/model_state_mb"] for row in state)
+
+
+def test_sharded_sft_resumes_exactly_and_exports_a_plain_model(sharded_sft: Path, tmp_path: Path):
+    """Step 4 done but its checkpoint lost: resuming from step 2's (the model folder whole,
+    the optimizer state in each rank's shards) replays steps 3 and 4 bit for bit; `toolpolicy
+    export` writes a folder transformers loads."""
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(sharded_sft, run_dir)
+    shutil.rmtree(run_dir / "sft" / "checkpoints" / "step_000004")
+    shutil.rmtree(run_dir / "sft" / "final")
+    assert (run_dir / "sft" / "checkpoints" / "step_000002" / "optimizer_shards" / ".metadata").is_file()
+    torchrun("sft", "--resume", str(run_dir))
+    assert metrics(run_dir) == metrics(sharded_sft)
+    final = (run_dir / "sft" / "final" / "model.safetensors").read_bytes()
+    assert final == (sharded_sft / "sft" / "final" / "model.safetensors").read_bytes()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    weights = load_file(run_dir / "sft" / "final" / "model.safetensors")
+    assert all(torch.equal(exported.state_dict()[name], tensor) for name, tensor in weights.items())
 
 
 @pytest.mark.parametrize("settings", [[], ["rl.sampling_streams=episode", "model.lora_rank=4"]])

@@ -200,6 +200,13 @@ def test_a_resume_says_the_step_it_starts_from(two_checkpoints: Path, tmp_path: 
     assert capsys.readouterr().err == f"resuming {tmp_path / 'run'} from step 0: sft has no checkpoint yet\n"
 
 
+def _sharded_without_shards(checkpoint: Path) -> None:
+    """A checkpoint as a sharded run writes it (trainer_state.pt with no optimizer state), its
+    folder of optimizer shards never written (a kill while the ranks were writing them)."""
+    state = torch.load(checkpoint / STATE_FILE, weights_only=True)
+    torch.save({**state, "optimizer": None}, checkpoint / STATE_FILE)
+
+
 NEWEST_DAMAGE = {
     # name: (what happens to step_000004, the file the warning names)
     "weights cut short": (lambda c: cut(c / "model.safetensors", -1), "model.safetensors"),
@@ -207,6 +214,7 @@ NEWEST_DAMAGE = {
     "trainer state cut short": (lambda c: cut(c / STATE_FILE, -100), STATE_FILE),
     "trainer state missing": (lambda c: (c / STATE_FILE).unlink(), STATE_FILE),
     "tokenizer missing": (lambda c: (c / "tokenizer.json").unlink(), ""),
+    "optimizer shards missing": (_sharded_without_shards, "optimizer_shards"),
 }
 
 

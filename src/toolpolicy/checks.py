@@ -87,9 +87,11 @@ def require_init_from(cfg: Config) -> Config:
     return cfg
 
 
-def check_processes(cfg: Config, processes: int) -> None:
-    """The rules of training in `processes` torchrun processes."""
-    if processes > 1 and (
+def check_processes(cfg: Config, processes: int, phase: str = "rl") -> None:
+    """The rules of training `phase` (rl or sft) in `processes` torchrun processes."""
+    if processes > 1 and cfg.model.lora_rank and phase == "sft":
+        raise ConfigError(f"{processes} processes train every weight: no model.lora_rank (an adapter is not split across processes)")
+    if processes > 1 and phase == "rl" and (
         not _capabilities(cfg).request_seeds or cfg.rl.sampling_streams != "episode" or cfg.rl.ray_workers
         or cfg.model.lora_rank or cfg.rl.max_staleness
     ):
@@ -271,6 +273,8 @@ def _rule_problems(cfg: Config) -> list[str]:
         )
     if cfg.algorithm.teacher_alone and not cfg.algorithm.teacher:
         problems.append("algorithm.teacher_alone needs algorithm.teacher: the checkpoint whose log-probs the student distils")
+    if cfg.model.shard_offload and cfg.model.sharing != "shard":
+        problems.append("model.shard_offload keeps the shards of model.sharing: shard in CPU memory; set model.sharing: shard")
     if cfg.eval.served_url and not cfg.eval.served_model:
         problems.append("field 'eval.served_model' is empty: name the model served at eval.served_url")
     return problems

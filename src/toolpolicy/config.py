@@ -108,6 +108,18 @@ class ModelSection(Section):
     bfloat16 on a CPU with AVX512-BF16 or AMX, or a CUDA GPU that supports it; else float32."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them: less memory, more time."""
+    sharing: Literal["replicate", "shard"] = "replicate"
+    """How torchrun's processes hold the model they train. replicate: each holds all of it,
+    its gradients and AdamW's moments (16 bytes a parameter in float32), gradients summed
+    across processes after each step's micro-batches (data parallel). shard: PyTorch's FSDP2,
+    per transformer block and then the whole model; each holds 1/N of every parameter,
+    gradient and moment, each block gathered for its forward and backward pass, for a model
+    whose training state does not fit one device; the sampler and the checkpoints keep one
+    plain copy of the weights. The same steps either way, to float rounding. One process:
+    no difference."""
+    shard_offload: bool = False
+    """sharing: shard: keep the shards of parameters, gradients and optimizer state in CPU
+    memory, copied to the accelerator a block at a time (FSDP2's CPUOffloadPolicy)."""
     lora_rank: int = Field(0, ge=0)
     """LoRA adapter rank (peft); 0 trains every weight. With LoRA, checkpoints hold the adapter
     alone and the KL reference is the base model with the adapter off."""

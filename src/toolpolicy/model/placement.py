@@ -159,11 +159,21 @@ def peak_memory_mb(device: torch.device) -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes this process holds of `tensor`: the whole of it, or its shard of a sharded one (DTensor)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
 def memory_metrics(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """What a training step holds: peak memory, trainable parameters, optimizer state."""
-    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    """What a training step holds in this process: peak memory, optimizer state, the model's
+    state (parameters, gradients and optimizer state: this process's shards under sharding)
+    and the trainable parameters (the whole model's count)."""
+    state = sum(local_bytes(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    weights = sum(local_bytes(p) + (local_bytes(p.grad) if p.grad is not None else 0) for p in model.parameters())
     return {
         "memory/peak_mb": peak_memory_mb(device_of(model)),
         "memory/optimizer_mb": state / 2**20,
+        "memory/model_state_mb": (weights + state) / 2**20,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }

@@ -1,7 +1,9 @@
 """Checkpoints that resume exactly, and the run's metrics log.
 
 A checkpoint is a Hugging Face model folder plus `trainer_state.pt` (optimizer,
-LR schedule, RNG states, step, and the rollout pool's state: its audit logs' ends). It is
+LR schedule, RNG states, step, and the rollout pool's state: its audit logs' ends); a run
+whose processes shard the model keeps the optimizer state in a folder of shards beside them
+(`distributed.SHARDS`, one file per rank), its trainer_state.pt an optimizer of None. It is
 written to a temporary folder and renamed into place, so a process killed mid-write leaves the previous checkpoint intact
 and never a half-written one. The data cursor of both loops is a pure function
 of the step, so the step is the cursor. A checkpoint damaged after it was written (a
@@ -24,6 +26,7 @@ import torch
 
 from toolpolicy.atomic import replace_file
 from toolpolicy.model.files import DAMAGED, CheckpointError, check_checkpoint, check_torch_zip
+from toolpolicy.trainer.distributed import SHARDS, Shards, World
 from toolpolicy.trainer.trackers import Tracker, metric_names
 
 STATE_FILE = "trainer_state.pt"
@@ -47,7 +50,9 @@ def latest_checkpoint(phase_dir: Path) -> Path | None:
     for checkpoint in reversed(found):
         try:
             check_checkpoint(checkpoint)
-            load_trainer_state(checkpoint / STATE_FILE, mmap=True)  # unpickles it; the tensors stay on disk
+            state = load_trainer_state(checkpoint / STATE_FILE, mmap=True)  # unpickles it; the tensors stay on disk
+            if state["optimizer"] is None and not (checkpoint / SHARDS / ".metadata").is_file():
+                raise CheckpointError(f"{checkpoint / SHARDS}: the optimizer's shards are incomplete; {DAMAGED}")
         except CheckpointError as error:
             print(f"warning: passing over checkpoint {checkpoint.name} for an earlier one: {error}", file=sys.stderr)
         else:
@@ -104,23 +109,33 @@ def save_checkpoint(
     sampler: torch.Generator | None,
     keep: int,
     rollouts: dict[str, Any] | None = None,
+    world: World = World(),
+    shards: Shards | None = None,
     replay: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically; keep the newest `keep`. `rollouts`: the rollout
     pool's state (`Rollouts.state()`: each audit log's own state), so that a resumed run
-    cuts the decisions it will take again. `replay`: the success replay's store
-    (`SuccessReplay.state()`), so that a resumed run replays what this one would."""
+    cuts the decisions it will take again. Every rank calls it: rank 0 writes the checkpoint,
+    and with `shards` (a sharded run) every rank first writes its shards of the optimizer state.
+    `replay`: the success replay's store (`SuccessReplay.state()`), so that a resumed run
+    replays what this one would."""
     final = phase_dir / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if world.main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if shards is not None:
+        world.barrier()  # the folder exists before any rank writes into it
+        shards.save(tmp)
+    if not world.main:
+        return final
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     state = {
         "step": step,
         "rollouts": rollouts or {},
         "replay": replay or {},
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer.state_dict() if shards is None else None,
         "scheduler": scheduler.state_dict(),
         "rng": {
             "python": random.getstate(),
@@ -166,11 +181,15 @@ def older_rollout_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def restore_state(
-    checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any, sampler: torch.Generator | None
+    checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any, sampler: torch.Generator | None, shards: Shards | None = None
 ) -> Restored:
-    """Load optimizer, schedule and RNG states saved with `checkpoint`; return its step."""
+    """Load optimizer, schedule and RNG states saved with `checkpoint`; return its step.
+    `shards`: a sharded run's, each rank reading its own shards of the optimizer state."""
     state = load_trainer_state(checkpoint / STATE_FILE)
-    optimizer.load_state_dict(state["optimizer"])
+    if shards is None:
+        optimizer.load_state_dict(state["optimizer"])
+    else:
+        shards.load(checkpoint)
     scheduler.load_state_dict(state["scheduler"])
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])

@@ -3,28 +3,50 @@
 `torchrun --nproc-per-node N -m toolpolicy train CONFIG` starts N copies of the trainer.
 Each rolls out its share of the step's groups (whole groups, so a group's advantages are
 computed on all its episodes), then every rank receives every episode: rewards, advantages,
-filters and metrics are computed on the whole step, identically on each rank. The update
-is data parallel: each rank runs its share of the kept groups, the loss normalised by the
-whole step's token and sequence counts, and the gradients are summed across ranks before
-the optimizer step, which every rank takes on the same gradient. One rank (0) writes the
-metrics and checkpoints; each rank keeps an audit log of its own gate's decisions.
+filters and metrics are computed on the whole step, identically on each rank. Each rank
+then runs its share of the kept groups, the loss normalised by the whole step's token and
+sequence counts, so that the gradients summed over ranks are the gradient one process takes.
+One rank (0) writes the metrics and checkpoints; each rank keeps an audit log of its own
+gate's decisions.
+
+How the ranks hold the model is `model.sharing`, chosen once (SHARINGS):
+
+- replicate (`Replicated`, data parallel): every rank holds the whole model, its gradients
+  and AdamW's moments. Gradients are summed explicitly after the micro-batches
+  (`World.sum_gradients`) rather than through DistributedDataParallel's hooks, because ranks
+  may run different numbers of micro-batches.
+- shard (`Sharded`, PyTorch's FSDP2 `fully_shard`, per transformer block and then the whole
+  model): every rank holds 1/N of each parameter, gradient and moment; each forward and
+  backward pass of a block gathers its weights and scatters its summed gradients, so every
+  forward and backward is a collective. Every rank therefore runs the same number of
+  passes per optimizer step: a rank with fewer micro-batches pads with one-row passes whose
+  loss is multiplied by 0 (`Sharded.lockstep`, `trainer/batch.py:padding_pass`). The
+  gradient reduction is a sum (FSDP2's default mean is turned off), and norms for clipping
+  are taken over the shards (`clip_gradients`). The sampler and the checkpoints' model
+  folder need whole weights: a plain copy is kept beside the shards and refilled one
+  parameter at a time after each update (`Sharded.refresh`); optimizer state is saved and
+  loaded in shards (torch.distributed.checkpoint).
 
 With episode sampling streams (`sampling_streams: episode`) an episode's tokens depend only
 on its seed, not on which rank ran it, so N processes give the run one process gives with
-the same global batch, to float rounding. Gloo on CPU, NCCL on CUDA. Gradients are summed
-explicitly after the micro-batches rather than through DistributedDataParallel's hooks,
-because ranks may run different numbers of micro-batches.
+the same global batch, to float rounding. Gloo on CPU, NCCL on CUDA.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from toolpolicy.trainer.batch import Lockstep, own_count
 
 T = TypeVar("T")
 
@@ -107,6 +129,14 @@ class World:
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, 0)
 
+    def most(self, count: int) -> int:
+        """The largest `count` any rank has."""
+        if self.size == 1:
+            return count
+        largest = torch.tensor([count])
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return int(largest)
+
     def barrier(self) -> None:
         if self.size > 1:
             dist.barrier()
@@ -114,3 +144,155 @@ class World:
     def close(self) -> None:
         if self.size > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the gradients' global norm to `max_norm` and return the norm before clipping. Over
+    sharded gradients (DTensors) torch takes each rank's partial sums of squares and adds them
+    across ranks, so the norm is the whole model's, as one process computes it."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+Sharing = Literal["replicate", "shard"]
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """`model.sharing: replicate`: every rank holds the whole model; gradients are summed after
+    the micro-batches; the trained model itself samples and is saved."""
+
+    def place(self, model: torch.nn.Module, world: World) -> torch.nn.Module:
+        """Give every rank rank 0's weights; return the model that samples and is saved: `model`."""
+        world.broadcast_parameters(model)
+        return model
+
+    def place_frozen(self, model: torch.nn.Module, world: World) -> None:
+        """A model that only computes (the KL reference): each rank loaded the same one."""
+
+    def logprobs(self, logprobs: Callable[..., Any]) -> Callable[..., Any]:
+        return logprobs
+
+    def lockstep(self, world: World) -> Lockstep:
+        """Each rank runs its own micro-batches, however many."""
+        return own_count
+
+    def reduce_gradients(self, parameters: list[torch.nn.Parameter], world: World) -> None:
+        world.sum_gradients(parameters)
+
+    def refresh(self, model: torch.nn.Module, whole: torch.nn.Module) -> None:
+        """Nothing to gather: `whole` is `model`."""
+
+    def shards(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Shards | None:
+        """None: rank 0's trainer_state.pt holds the optimizer state, the same on every rank."""
+        return None
+
+
+SHARDS = "optimizer_shards"
+"""A sharded run's checkpoint folder for its optimizer state (torch.distributed.checkpoint, one file per rank)."""
+
+
+@dataclass(frozen=True)
+class Shards:
+    """What each rank of a sharded run writes to a checkpoint and reads back itself: its shards
+    of the optimizer state, in folder/SHARDS. Both are collectives. The weights need none: the
+    checkpoint's model folder holds them whole, and loading it then sharding gives each rank
+    its shards exactly."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def save(self, folder: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=folder / SHARDS)
+
+    def load(self, folder: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the layout to read into
+        dcp.load(state, checkpoint_id=folder / SHARDS)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+ROOT_FORWARD = "toolpolicy_forward"
+"""The method of a sharded model through which the trainer runs it (see `Sharded.logprobs`)."""
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """`model.sharing: shard`: FSDP2 on each transformer block, then on the whole model (the
+    embeddings, final norm and output head), every rank holding 1/N of each tensor.
+    `offload`: the shards live in CPU memory and are copied to the device a block at a time."""
+
+    offload: bool = False
+
+    def place(self, model: torch.nn.Module, world: World) -> torch.nn.Module:
+        """Shard `model` in place; return a plain copy of its whole weights, taken first, for
+        the sampler and the checkpoints' model folder (the one whole copy this process holds)."""
+        whole = copy.deepcopy(model).requires_grad_(False)
+        self.place_frozen(model, world)
+        return whole
+
+    def place_frozen(self, model: torch.nn.Module, world: World) -> None:
+        """Shard `model` in place, each block as its own unit, and make its gradient reduction a sum."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard, register_fsdp_forward_method
+
+        policy = CPUOffloadPolicy() if self.offload else OffloadPolicy()
+        for block in transformer_blocks(model):
+            fully_shard(block, offload_policy=policy)
+        fully_shard(model, offload_policy=policy)
+        for unit in model.modules():
+            if isinstance(unit, FSDPModule):
+                unit.set_gradient_divide_factor(1.0)  # the loss is already normalised by the whole step's counts
+                unit.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-multiplied one
+        # The trainer calls the decoder and the output head directly, never the model's forward,
+        # so the whole-model unit's gather and gradient hooks are run around the call instead.
+        setattr(model, ROOT_FORWARD, _call.__get__(model))
+        register_fsdp_forward_method(model, ROOT_FORWARD)
+
+    def logprobs(self, logprobs: Callable[..., Any]) -> Callable[..., Any]:
+        """`logprobs(model, batch, ...)` run inside the sharded model's own forward hooks."""
+
+        def through_root(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return getattr(model, ROOT_FORWARD)(logprobs, model, *args, **kwargs)
+
+        return through_root
+
+    def lockstep(self, world: World) -> Lockstep:
+        """Each rank runs as many passes as the rank with the most micro-batches (its own, then
+        padding), since each forward and backward pass is a collective."""
+        return world.most
+
+    def reduce_gradients(self, parameters: list[torch.nn.Parameter], world: World) -> None:
+        """Nothing left to do: the backward pass scattered each block's summed gradient."""
+
+    def refresh(self, model: torch.nn.Module, whole: torch.nn.Module) -> None:
+        """Copy the sharded weights into `whole`, one gathered parameter at a time."""
+        with torch.no_grad():
+            for (name, shard), target in zip(model.state_dict().items(), whole.state_dict().values(), strict=True):
+                target.copy_(shard.full_tensor() if isinstance(shard, DTensor) else shard)
+
+    def shards(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Shards:
+        return Shards(model, optimizer)
+
+
+def _call(model: torch.nn.Module, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return function(*args, **kwargs)
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated decoder layers of a Hugging Face causal LM (a peft model's too): the
+    modules named in its `_no_split_modules`, the classes transformers keeps whole."""
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(core, "_no_split_modules", None) or ())
+    blocks = [m for m in core.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"{type(core).__name__} names no transformer block class (_no_split_modules) to shard by")
+    return blocks
+
+
+SHARINGS: dict[str, Callable[[bool], Replicated | Sharded]] = {
+    "replicate": lambda offload: Replicated(),
+    "shard": lambda offload: Sharded(offload),
+}

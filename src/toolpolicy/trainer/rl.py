@@ -56,7 +56,19 @@ from toolpolicy.rollout.backends import CAPABILITIES, Capabilities
 from toolpolicy.rollout.dropped import dropped_line, dropped_metrics
 from toolpolicy.rollout.engine import Encode, prompt_ids
 from toolpolicy.rollout.store import EpisodeRecord, drop_steps_after, step_table, write_step
-from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, Recompute, TokenBatch, collate, micro_batches, update_order
+from toolpolicy.trainer.batch import (
+    FULL_SEQUENCES,
+    SHARED_PROMPTS,
+    Recompute,
+    TokenBatch,
+    collate,
+    Lockstep,
+    micro_batches,
+    own_count,
+    padding_pass,
+    padding_piece,
+    update_order,
+)
 from toolpolicy.trainer.checkpoint import MetricsLog, Restored, restore_state, resume_from, save_checkpoint, save_final
 from toolpolicy.trainer.credit import (
     Credit,
@@ -68,7 +80,7 @@ from toolpolicy.trainer.credit import (
     reward_matrix,
     update_mask,
 )
-from toolpolicy.trainer.distributed import World
+from toolpolicy.trainer.distributed import SHARINGS, Replicated, Sharded, World, clip_gradients
 from toolpolicy.trainer.replay import SuccessReplay
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine, save_start, saved_start
 from toolpolicy.trainer.teacher import DistilledCredit, Teacher, same_vocabulary
@@ -249,6 +261,8 @@ def policy_update(
     micro_batch_tokens: int | None = None,
     before: Tensor | None = None,
     measure_mismatch: bool = True,
+    lockstep: Lockstep = own_count,
+    pad_id: int = 0,
 ) -> Update:
     """Accumulate the objective's gradient over micro-batches. Returns detached sums (UPDATE_SUMS,
     each token sum not yet divided) and maxima (UPDATE_MAXIMA), which `update_metrics` finishes,
@@ -263,14 +277,19 @@ def policy_update(
     the sampler's is measured (`mismatch/*`, unless `measure_mismatch` is off) and, with
     TIS, corrected. `before` [B, L-1]: the trainer's log-probs under the weights that
     sampled, when earlier optimizer steps on this batch have moved the model since (TIS
-    takes pi_old from them); None: the ones computed here are those."""
+    takes pi_old from them); None: the ones computed here are those.
+    lockstep: the forward and backward passes to run in all, from the number of micro-batches:
+    under sharding as many as the rank with the most, the extra ones `padding_pass`es of `pad_id`."""
     sums = dict.fromkeys(UPDATE_SUMS + UPDATE_MAXIMA, 0.0)
     recomputed: list[Tensor] = []
+    pieces = micro_batches(batch, micro_batch_size, micro_batch_tokens) if batch is not None else []
+    device = device_of(model)
+    for _ in range(lockstep(len(pieces)) - len(pieces)):
+        padding_pass(model, reference, padding_piece(pad_id).to(device), recompute, temperature)
     if batch is None:
         return Update(sums, recomputed)
     total_tokens, total_sequences = totals or Totals(float(batch.loss_mask.sum()), float(batch.input_ids.shape[0]))
-    device = device_of(model)
-    for rows, piece in micro_batches(batch, micro_batch_size, micro_batch_tokens):
+    for rows, piece in pieces:
         piece = piece.to(device)
         logprobs, entropy = recompute.logprobs(model, piece, temperature, with_entropy=True)  # [b, l]
         piece_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, : logprobs.shape[1]]
@@ -339,16 +358,19 @@ def trainer_before(learner: Learner, trajectories: list[Trajectory], episodes: l
     """`Before` of `episodes` (this rank's share of the kept ones), when the update takes more than
     one optimizer step and the correction takes pi_old from the trainer; else None (pi_old is
     the sampler's own, or the first forward of the only step is it)."""
-    if steps <= 1 or not learner.correction.uses_trainer or not episodes:
+    if steps <= 1 or not learner.correction.uses_trainer or not learner.world.most(len(episodes)):
         return None
     s = learner.settings
     logprobs: dict[int, Tensor] = {}
     mismatch = dict.fromkeys(("mismatch/abs", "mismatch/kl", "mismatch/truncated", "mismatch/tokens", "mismatch/abs_max"), 0.0)
-    batch = collate([trajectories[i] for i in episodes], learner.pad_id)
+    batch = collate([trajectories[i] for i in episodes], learner.pad_id) if episodes else None
+    pieces = micro_batches(batch, s.micro_batch_size, s.micro_batch_tokens) if batch is not None else []
     device = device_of(learner.model)
     learner.model.eval()
     with torch.no_grad():
-        for rows, piece in micro_batches(batch, s.micro_batch_size, s.micro_batch_tokens):
+        for _ in range(learner.sharing.lockstep(learner.world)(len(pieces)) - len(pieces)):
+            learner.recompute.logprobs(learner.model, padding_piece(learner.pad_id).to(device), s.temperature)
+        for rows, piece in pieces:
             piece = piece.to(device)
             values, _ = learner.recompute.logprobs(learner.model, piece, s.temperature)  # [b, l]
             found = mismatch_sums(values, piece.old_logprobs, piece.loss_mask, learner.correction.cap)
@@ -411,6 +433,8 @@ class Learner:
     world: World
     pad_id: int
     settings: UpdateSettings
+    sharing: Replicated | Sharded = Replicated()
+    """How the ranks hold `model` (and a sharded `reference`); its `recompute` runs through it."""
 
 
 class BatchUpdate(NamedTuple):
@@ -451,12 +475,13 @@ def train_on_batch(learner: Learner, trajectories: list[Trajectory], order: list
             advantages[mine], learner.algorithm, learner.correction, learner.recompute, s.temperature, s.micro_batch_size,
             totals, s.micro_batch_tokens, None if before is None or not mine else rows_of(before, mine),
             measure_mismatch=before is None and number == 0,  # the weights that sampled, still
+            lockstep=learner.sharing.lockstep(world), pad_id=learner.pad_id,
         )
         sums = add_sums(sums, part)
         if number < per_pass:  # the first pass sees every episode once
             recomputed.update(zip(mine, (lp.tolist() for lp in logprobs)))
-        world.sum_gradients(learner.trainable)
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(learner.trainable, s.grad_clip)))
+        learner.sharing.reduce_gradients(learner.trainable, world)
+        grad_norms.append(clip_gradients(learner.trainable, s.grad_clip))
         learner.optimizer.step()
         learner.scheduler.step()  # the LR schedule counts optimizer steps
     return BatchUpdate(sums, recomputed, grad_norms)
@@ -547,10 +572,13 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     policy = trainable_policy(cfg.model, checkpoint or rl.init_from, phase_dir, resuming=checkpoint is not None)
     model = policy.model
     world = World.from_environment(device_of(model))
-    world.broadcast_parameters(model)
+    sharing = SHARINGS[cfg.model.sharing if world.size > 1 else "replicate"](cfg.model.shard_offload)
+    whole = sharing.place(model, world)  # the weights that sample and are saved: `model`, or a copy beside its shards
     reference = None
     if cfg.algorithm.beta > 0 or cfg.algorithm.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from
         reference = model if cfg.model.lora_rank else load_policy_model(cfg.model, rl.init_from).model.eval()
+        if reference is not model:
+            sharing.place_frozen(reference, world)
     teacher = None
     if cfg.algorithm.teacher:  # on-policy distillation: the teacher scores every sampled token
         teacher_policy = load_policy_model(cfg.model, cfg.algorithm.teacher)
@@ -563,9 +591,15 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     optimizer = torch.optim.AdamW(trainable, lr=rl.lr, betas=(0.9, 0.99), weight_decay=cfg.optim.weight_decay)
     warmup = max(1, rl.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    learner = Learner(model, reference, trainable, optimizer, scheduler, algorithm, correction, recompute, world, policy.pad_id, UpdateSettings.of(cfg))
+    learner = Learner(
+        model, reference, trainable, optimizer, scheduler, algorithm, correction,
+        replace(recompute, logprobs=sharing.logprobs(recompute.logprobs)), world, policy.pad_id, UpdateSettings.of(cfg), sharing,
+    )
     generator = torch.Generator().manual_seed(cfg.run.seed)
-    restored = restore_state(checkpoint, optimizer, scheduler, generator) if checkpoint else Restored(0, saved_start(phase_dir) if resume else {})
+    restored = (
+        restore_state(checkpoint, optimizer, scheduler, generator, sharing.shards(model, optimizer))
+        if checkpoint else Restored(0, saved_start(phase_dir) if resume else {})
+    )
     start = restored.step
     log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "rl", start) if world.main else ())
     store = phase_dir / "rollouts" if rl.store_rollouts and world.main else None
@@ -579,7 +613,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     else:
         name = "" if world.main else f"rank{world.rank}"
         # Async: the rollouts sample from a copy of the policy, in a thread, while the trainer updates its own.
-        sampling_policy = replace(policy, model=copy.deepcopy(model).eval()) if rl.max_staleness else policy
+        sampling_policy = replace(policy, model=copy.deepcopy(model).eval() if rl.max_staleness else whole)
         engine = open_engine(cfg, sampling_policy, generator, run_dir, name, restored.rollouts)
         sampler_model = sampling_policy.model if rl.max_staleness else None
         rubric = build_rubric(cfg.rewards, engine.env.default_rewards)
@@ -634,7 +668,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                     recomputed = dict(world.gather(list(recomputed.items())))
                 update = update_metrics(world.reduce_stats(done.sums, UPDATE_MAXIMA), len(grad_norms), reference is not None)
                 updates += 1
-                pool.sync(model)  # a sampler with its own copy of the weights gets the new ones
+                sharing.refresh(model, whole)
+                pool.sync(whole)  # a sampler with its own copy of the weights gets the new ones
 
             # 4. Log and checkpoint.
             fresh = [i for i, stand_in in enumerate(sampled.replayed.tolist()) if not stand_in]  # sampled this step
@@ -664,12 +699,11 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 log.write(record)
                 steps.set_postfix(progress_line(record, trajectories), refresh=False)
             if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == rl.steps:
-                rollout_state = pool.state()
-                if world.main:
-                    save_checkpoint(
-                        phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, generator, cfg.run.keep_checkpoints,
-                        rollouts=rollout_state, replay=replay.state() if replay is not None else None,
-                    )
+                save_checkpoint(
+                    phase_dir, step + 1, whole, policy.tokenizer, optimizer, scheduler, generator, cfg.run.keep_checkpoints,
+                    rollouts=pool.state(), world=world, shards=sharing.shards(model, optimizer),
+                    replay=replay.state() if replay is not None else None,
+                )
                 world.barrier()  # no rank runs ahead of a checkpoint it may resume from
 
             # 5. Stop a run that has nothing to learn from: every group's episodes scored alike, step after step.
@@ -685,7 +719,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         pool.close()  # the audit logs, and Ray's workers
         log.close()
 
-    final = save_final(phase_dir, model, policy.tokenizer) if world.main else phase_dir / "final"
+    final = save_final(phase_dir, whole, policy.tokenizer) if world.main else phase_dir / "final"
     world.barrier()
     world.close()
     return final

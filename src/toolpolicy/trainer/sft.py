@@ -8,6 +8,11 @@ fragments, with the same mask.
 
     toolpolicy sft CONFIG [--set key=value ...]
     toolpolicy sft --resume RUN_DIR     # from its last checkpoint, with RUN_DIR/config.yaml
+    torchrun --nproc-per-node N -m toolpolicy sft CONFIG   # each process a share of every batch
+
+Under torchrun each process takes a contiguous share of the step's examples, the loss
+normalised by the whole batch's assistant tokens, so the summed gradient is one process's;
+the processes hold the model as `model.sharing` says (trainer/distributed.py).
 """
 
 from __future__ import annotations
@@ -15,19 +20,22 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from toolpolicy.algorithms import aggregate_loss
-from toolpolicy.config import Config
 from toolpolicy.build import trainable_policy
-from toolpolicy.model.placement import device_of, memory_metrics
+from toolpolicy.checks import check_processes
+from toolpolicy.config import Config
+from toolpolicy.model.placement import device_of, memory_metrics, resolve_device
 from toolpolicy.rollout import Trajectory
-from toolpolicy.trainer.batch import collate, forward_logprobs, micro_batches
+from toolpolicy.trainer.batch import FULL_SEQUENCES, Lockstep, Recompute, collate, micro_batches, own_count, padding_pass, padding_piece
 from toolpolicy.trainer.checkpoint import MetricsLog, restore_state, resume_from, save_checkpoint, save_final
 from toolpolicy.trainer.demonstrations import build_embedded, sft_examples, within_prompt_budget
+from toolpolicy.trainer.distributed import SHARINGS, World, clip_gradients
 from toolpolicy.trainer.trackers import open_trackers
 
 
@@ -55,17 +63,30 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
 
 
 def sft_loss(
-    model: torch.nn.Module, examples: list[Trajectory], pad_id: int, micro_batch_size: int, micro_batch_tokens: int | None = None
+    model: torch.nn.Module,
+    examples: list[Trajectory],
+    pad_id: int,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None = None,
+    total_tokens: float | None = None,
+    recompute: Recompute = FULL_SEQUENCES,
+    lockstep: Lockstep = own_count,
 ) -> float:
-    """Mean negative log-likelihood per assistant token; gradients accumulate in `model`, over
-    micro-batches of at most micro_batch_size rows and micro_batch_tokens positions."""
-    batch = collate(sorted(examples, key=lambda t: len(t.token_ids)), pad_id)  # similar lengths share a micro-batch
-    total_tokens = float(batch.loss_mask.sum())
+    """Negative log-likelihood of the assistant tokens of `examples` over `total_tokens` (default:
+    theirs, the mean per token; under torchrun the whole batch's, `examples` being this rank's
+    share); gradients accumulate in `model`, over micro-batches of at most micro_batch_size rows
+    and micro_batch_tokens positions. `recompute` runs the model (through its sharded root);
+    `lockstep` pads this rank's passes to the other ranks' (see trainer/batch.py)."""
+    batch = collate(sorted(examples, key=lambda t: len(t.token_ids)), pad_id) if examples else None  # similar lengths share a micro-batch
+    pieces = micro_batches(batch, micro_batch_size, micro_batch_tokens) if batch is not None else []
+    total_tokens = total_tokens if total_tokens is not None else float(batch.loss_mask.sum()) if batch is not None else 1.0
     total = 0.0
     device = device_of(model)
-    for _, piece in micro_batches(batch, micro_batch_size, micro_batch_tokens):
+    for _ in range(lockstep(len(pieces)) - len(pieces)):
+        padding_pass(model, None, padding_piece(pad_id).to(device), recompute)
+    for _, piece in pieces:
         piece = piece.to(device)
-        logprobs, _ = forward_logprobs(model, piece)  # [b, l]
+        logprobs, _ = recompute.logprobs(model, piece)  # [b, l]
         loss = aggregate_loss(-logprobs, piece.loss_mask, "token_mean", total_tokens, len(examples))
         loss.backward()
         total += float(loss.detach())
@@ -74,40 +95,64 @@ def sft_loss(
 
 def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     """Run SFT and return the folder of the final model (RUN_DIR/sft/final)."""
+    check_processes(cfg, World.requested(), "sft")
+    world = World.from_environment(resolve_device(cfg.model.device))
     phase_dir = run_dir / "sft"
     base = run_dir / "model" if cfg.model.source == "embedded" else Path(cfg.model.source)
-    if cfg.model.source == "embedded" and not (base / "config.json").is_file():
+    if cfg.model.source == "embedded" and not (base / "config.json").is_file() and world.main:
         build_embedded(cfg, base)
+    world.barrier()  # every rank loads the model rank 0 built
     checkpoint = resume_from(phase_dir) if resume else None
     policy = trainable_policy(cfg.model, checkpoint or base, phase_dir, resuming=checkpoint is not None)
     model = policy.model
+    sharing = SHARINGS[cfg.model.sharing if world.size > 1 else "replicate"](cfg.model.shard_offload)
+    whole = sharing.place(model, world)  # the weights saved: `model`, or a copy beside its shards
+    recompute = replace(FULL_SEQUENCES, logprobs=sharing.logprobs(FULL_SEQUENCES.logprobs))
     examples = sft_examples(cfg, cfg.sft.examples, policy.chat, policy.encode, policy.decode, "sft")
     examples = within_prompt_budget(examples, cfg.env.max_prompt_tokens)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.sft.lr, betas=(0.9, 0.95), weight_decay=cfg.optim.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.sft.warmup_steps, cfg.sft.steps))
-    start = restore_state(checkpoint, optimizer, scheduler, None).step if checkpoint else 0
-    log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "sft", start))
-    log.drop_after("sft", start)
+    start = restore_state(checkpoint, optimizer, scheduler, None, sharing.shards(model, optimizer)).step if checkpoint else 0
+    log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "sft", start) if world.main else ())
+    if world.main:
+        log.drop_after("sft", start)
 
     model.train()
-    bar = tqdm(range(start, cfg.sft.steps), desc="sft", initial=start, total=cfg.sft.steps)
+    bar = tqdm(range(start, cfg.sft.steps), desc="sft", initial=start, total=cfg.sft.steps, disable=not world.main)
     for step in bar:
         began = time.perf_counter()
         chosen = [examples[i] for i in batch_indices(len(examples), cfg.sft.batch_size, step, cfg.run.seed)]
+        mine = [chosen[i] for i in world.share(len(chosen))]
         optimizer.zero_grad(set_to_none=True)
-        loss = sft_loss(model, chosen, policy.pad_id, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip))
+        loss = sft_loss(
+            model, mine, policy.pad_id, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens,
+            sum(t.sampled_tokens for t in chosen), recompute, sharing.lockstep(world),
+        )
+        loss = world.reduce_stats({"loss": loss}, ())["loss"]
+        sharing.reduce_gradients(trainable, world)
+        grad_norm = clip_gradients(trainable, cfg.optim.grad_clip)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         tokens = sum(t.sampled_tokens for t in chosen)
         elapsed = time.perf_counter() - began
         record = {"phase": "sft", "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed}
-        log.write({**record, "time/step": elapsed, **memory_metrics(model, optimizer)})
-        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        memory = memory_metrics(model, optimizer)
+        if world.main:
+            log.write({**record, "time/step": elapsed, **memory})
+            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == cfg.sft.steps:
-            save_checkpoint(phase_dir, step + 1, model, policy.tokenizer, optimizer, scheduler, None, cfg.run.keep_checkpoints)
+            sharing.refresh(model, whole)
+            save_checkpoint(
+                phase_dir, step + 1, whole, policy.tokenizer, optimizer, scheduler, None, cfg.run.keep_checkpoints,
+                world=world, shards=sharing.shards(model, optimizer),
+            )
+            world.barrier()  # no rank runs ahead of a checkpoint it may resume from
     log.close()
-    return save_final(phase_dir, model, policy.tokenizer)
+    sharing.refresh(model, whole)
+    final = save_final(phase_dir, whole, policy.tokenizer) if world.main else phase_dir / "final"
+    world.barrier()
+    world.close()
+    return final
