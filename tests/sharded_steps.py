@@ -9,8 +9,9 @@ process's.
 The batch is three groups of two episodes (a shared prompt each, responses of different
 lengths) and one micro-batch a row, so two processes run unequal numbers of micro-batches:
 rank 0 two groups, rank 1 one; the second of two optimizer steps a pass has rank 1 nothing
-to train (a sharded rank then runs padding passes only). A KL reference (beta > 0) is sharded
-the same way, and the clip acts on some steps (GRAD_CLIP below their norm)."""
+to train (a sharded rank then runs padding passes only). TIS takes pi_old from a forward pass
+before the first step (unequal micro-batches again), a KL reference (beta > 0) is sharded the
+same way, and the clip acts on some steps (GRAD_CLIP below their norm)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def main(sharing_name: str, out: Path) -> None:
     )
     recompute = replace(SHARED_PROMPTS, logprobs=sharing.logprobs(SHARED_PROMPTS.logprobs))
     learner = Learner(
-        model, reference, trainable, optimizer, scheduler, algorithm, Correction.named("none", 2.0), recompute, world,
+        model, reference, trainable, optimizer, scheduler, algorithm, Correction.named("tis", 2.0), recompute, world,
         policy.pad_id, settings, sharing,
     )
     losses, norms = [], []

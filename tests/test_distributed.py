@@ -129,7 +129,8 @@ def one_process_steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.parametrize("sharing", ["replicate", "shard"])
 def test_two_processes_update_a_fixed_batch_as_one_process_does(sharing: str, one_process_steps: dict, tmp_path: Path):
     """Three RL updates of the calc model on one batch (tests/sharded_steps.py: unequal
-    micro-batches per rank, a rank with nothing to train, a sharded KL reference, clipping):
+    micro-batches per rank, a rank with nothing to train, TIS's pi_old pass, a sharded KL
+    reference, clipping):
     the same losses and weights as one process to 1e-6, and gradient norms to 1e-5."""
     out = tmp_path / "two.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -216,6 +217,21 @@ def test_what_cannot_split_across_processes_is_refused_before_any_work(settings:
     with pytest.raises(ConfigError, match="2 processes need rl.sampling_streams: episode on a backend that takes a seed per request"):
         train_rl(cfg, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_shard_offload_on_the_cpu_is_refused_before_any_work(tmp_path: Path, monkeypatch):
+    """FSDP2's CPU offload needs an accelerator to copy the shards to; on the CPU it is a config error."""
+    from toolpolicy.build import load_config
+    from toolpolicy.config import ConfigError
+    from toolpolicy.trainer.sft import train_sft
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = load_config(SMOKE, ["model.device=cpu", "model.sharing=shard", "model.shard_offload=true", f"run.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="model.shard_offload moves the shards between CPU memory and an accelerator"):
+        train_sft(cfg, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match="model.shard_offload keeps the shards of model.sharing: shard"):
+        load_config(SMOKE, ["model.shard_offload=true"])
 
 
 @pytest.mark.parametrize("groups,size", [(8, 2), (7, 2), (1, 2), (5, 3)])

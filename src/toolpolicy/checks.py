@@ -22,6 +22,7 @@ from toolpolicy.algorithms import AGGREGATIONS, ESTIMATORS, KL_ESTIMATORS, POLIC
 from toolpolicy.algorithms.presets import apply_preset
 from toolpolicy.config import AlgorithmSection, Config, ConfigError, DemonstratorSection, EnvSection, RewardsSection, type_name
 from toolpolicy.envs import ENVS, env_factory, takes_user, user_factory
+from toolpolicy.model.placement import resolve_device
 from toolpolicy.registry import ExtensionError
 from toolpolicy.rollout.backends import CAPABILITIES
 from toolpolicy.trainer.demonstrators import DEMONSTRATORS, demonstrator_for
@@ -89,6 +90,11 @@ def require_init_from(cfg: Config) -> Config:
 
 def check_processes(cfg: Config, processes: int, phase: str = "rl") -> None:
     """The rules of training `phase` (rl or sft) in `processes` torchrun processes."""
+    if processes > 1 and cfg.model.shard_offload and resolve_device(cfg.model.device).type == "cpu":
+        raise ConfigError(
+            "model.shard_offload moves the shards between CPU memory and an accelerator; on the CPU they are in "
+            "CPU memory already: leave it off"
+        )
     if processes > 1 and cfg.model.lora_rank and phase == "sft":
         raise ConfigError(f"{processes} processes train every weight: no model.lora_rank (an adapter is not split across processes)")
     if processes > 1 and phase == "rl" and (

@@ -118,8 +118,9 @@ class ModelSection(Section):
     plain copy of the weights. The same steps either way, to float rounding. One process:
     no difference."""
     shard_offload: bool = False
-    """sharing: shard: keep the shards of parameters, gradients and optimizer state in CPU
-    memory, copied to the accelerator a block at a time (FSDP2's CPUOffloadPolicy)."""
+    """sharing: shard on an accelerator: keep the shards of parameters, gradients and optimizer
+    state in CPU memory, copied to the device a block at a time (FSDP2's CPUOffloadPolicy).
+    Not on the CPU, where they are in CPU memory already."""
     lora_rank: int = Field(0, ge=0)
     """LoRA adapter rank (peft); 0 trains every weight. With LoRA, checkpoints hold the adapter
     alone and the KL reference is the base model with the adapter off."""
