@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -154,9 +154,6 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> flo
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
-Sharing = Literal["replicate", "shard"]
-
-
 @dataclass(frozen=True)
 class Replicated:
     """`model.sharing: replicate`: every rank holds the whole model; gradients are summed after
@@ -215,6 +212,8 @@ class Shards:
         state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the layout to read into
         dcp.load(state, checkpoint_id=folder / SHARDS)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+
+
 ROOT_FORWARD = "toolpolicy_forward"
 """The method of a sharded model through which the trainer runs it (see `Sharded.logprobs`)."""
 
@@ -268,9 +267,11 @@ class Sharded:
         """Nothing left to do: the backward pass scattered each block's summed gradient."""
 
     def refresh(self, model: torch.nn.Module, whole: torch.nn.Module) -> None:
-        """Copy the sharded weights into `whole`, one gathered parameter at a time."""
+        """Copy the sharded weights into `whole`, one gathered parameter at a time (a tied
+        one once; buffers are not sharded and do not train)."""
         with torch.no_grad():
-            for (name, shard), target in zip(model.state_dict().items(), whole.state_dict().values(), strict=True):
+            for (name, shard), (same, target) in zip(model.named_parameters(), whole.named_parameters(), strict=True):
+                assert name == same, (name, same)
                 target.copy_(shard.full_tensor() if isinstance(shard, DTensor) else shard)
 
     def shards(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Shards:

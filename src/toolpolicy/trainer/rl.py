@@ -59,10 +59,10 @@ from toolpolicy.rollout.store import EpisodeRecord, drop_steps_after, step_table
 from toolpolicy.trainer.batch import (
     FULL_SEQUENCES,
     SHARED_PROMPTS,
+    Lockstep,
     Recompute,
     TokenBatch,
     collate,
-    Lockstep,
     micro_batches,
     own_count,
     padding_pass,

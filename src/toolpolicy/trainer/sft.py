@@ -125,10 +125,11 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         began = time.perf_counter()
         chosen = [examples[i] for i in batch_indices(len(examples), cfg.sft.batch_size, step, cfg.run.seed)]
         mine = [chosen[i] for i in world.share(len(chosen))]
+        tokens = sum(t.sampled_tokens for t in chosen)
         optimizer.zero_grad(set_to_none=True)
         loss = sft_loss(
-            model, mine, policy.pad_id, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens,
-            sum(t.sampled_tokens for t in chosen), recompute, sharing.lockstep(world),
+            model, mine, policy.pad_id, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens, tokens, recompute,
+            sharing.lockstep(world),
         )
         loss = world.reduce_stats({"loss": loss}, ())["loss"]
         sharing.reduce_gradients(trainable, world)
@@ -136,7 +137,6 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
-        tokens = sum(t.sampled_tokens for t in chosen)
         elapsed = time.perf_counter() - began
         record = {"phase": "sft", "step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / elapsed}
         memory = memory_metrics(model, optimizer)

@@ -1,0 +1,169 @@
+"""How torchrun's processes hold a 135M model, replicate against shard (FSDP2): memory per
+process and seconds per update step, for 1, 2 and 4 processes.
+
+Each run is `torchrun --nproc-per-node N` of this file's worker: a Llama of SmolLM2-135M's
+shape (the project builds it: 134.5M parameters, tied embeddings, float32, random weights,
+since neither memory nor time depends on their values) trained with the RL update as
+`toolpolicy train` runs it (`trainer/rl.py:train_on_batch`, AdamW, one optimizer step on a
+batch of 4 groups of 2 episodes, a 48-token prompt and 16 sampled tokens each, micro-batches
+as the config's defaults cut them: one a process), the weights then gathered into the
+sampler's whole copy as after every RL step (timed apart as well). No rollouts: this
+measures what the way of holding the model changes. Each process reports its peak RSS (the
+high-water mark of the whole process: Python, torch, the model, the batch's activations, and
+under shard the whole-weights copy the sampler keeps) and its model state: parameters,
+gradients and AdamW's moments it holds (its shards under shard), without the sampler's copy,
+which is reported beside it. Seconds per step: the median after the first step (the rank
+that took longest each step).
+
+    .venv/bin/python bench/sharding.py [--steps 3] [--processes 1 2 4]
+
+Writes bench/results/sharding.json. On a machine with two cores, 4 processes share them,
+so their seconds per step measure the split of the work, not more hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from result_file import write_result
+
+ROOT = Path(__file__).parent.parent
+SMOLLM2_135M = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, max_position_embeddings=2048, tie_word_embeddings=True,
+)
+GROUPS, GROUP_SIZE, PROMPT, RESPONSE = 4, 2, 48, 16
+
+
+def worker(sharing_name: str, steps: int, out: Path) -> None:
+    """One process of a run: build the model, hold it as `sharing_name` says, take `steps`
+    update steps, append this rank's figures to `out` (one JSON line)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from toolpolicy.algorithms.correction import Correction
+    from toolpolicy.build import load_config
+    from toolpolicy.config import OptimSection
+    from toolpolicy.model.placement import memory_metrics
+    from toolpolicy.rollout import Trajectory
+    from toolpolicy.trainer.batch import SHARED_PROMPTS
+    from toolpolicy.trainer.distributed import SHARINGS, World
+    from toolpolicy.trainer.rl import Learner, UpdateSettings, algorithm_of, train_on_batch
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M))
+    world = World.from_environment(torch.device("cpu"))
+    sharing = SHARINGS[sharing_name](False)
+    whole = sharing.place(model, world)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-5, betas=(0.9, 0.99))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    algorithm, _, _ = algorithm_of(load_config(None, []).algorithm)
+    optim = OptimSection()  # the config's defaults: each process's share is one micro-batch
+    settings = UpdateSettings(
+        group_size=GROUP_SIZE, mini_batches=1, passes=1, micro_batch_size=optim.micro_batch_size,
+        micro_batch_tokens=optim.micro_batch_tokens, temperature=1.0, grad_clip=optim.grad_clip,
+    )
+    recompute = replace(SHARED_PROMPTS, logprobs=sharing.logprobs(SHARED_PROMPTS.logprobs))
+    learner = Learner(model, None, trainable, optimizer, scheduler, algorithm, Correction.named("none", 2.0), recompute, world, 0, settings, sharing)
+    g = torch.Generator().manual_seed(1)
+    episodes = []
+    for _ in range(GROUPS):
+        prompt = torch.randint(0, SMOLLM2_135M["vocab_size"], (PROMPT,), generator=g).tolist()
+        for _ in range(GROUP_SIZE):
+            response = torch.randint(0, SMOLLM2_135M["vocab_size"], (RESPONSE,), generator=g).tolist()
+            episodes.append(Trajectory(prompt + response, [0] * PROMPT + [1] * RESPONSE, [0.0] * PROMPT + [-10.0] * RESPONSE, PROMPT, None))
+    advantages = torch.tensor([1.0, -1.0] * GROUPS)
+    seconds, gathers = [], []
+    for _ in range(steps):
+        world.barrier()
+        began = time.perf_counter()
+        train_on_batch(learner, episodes, list(range(len(episodes))), advantages)
+        updated = time.perf_counter()
+        sharing.refresh(model, whole)
+        seconds.append(time.perf_counter() - began)
+        gathers.append(time.perf_counter() - updated)
+    state = memory_metrics(model, optimizer)["memory/model_state_mb"]
+    copy_mb = sum(p.numel() * p.element_size() for p in whole.parameters()) / 2**20 if whole is not model else 0.0
+    row = {
+        "rank": world.rank, "seconds": seconds, "gather_seconds": gathers, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10,
+        "model_state_mb": state, "sampler_copy_mb": copy_mb, "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    for rank in range(world.size):  # one rank at a time appends its line
+        if rank == world.rank:
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        world.barrier()
+    world.close()
+
+
+def run(sharing: str, processes: int, steps: int, work: Path) -> dict:
+    """One run's figures: per process, and the step time of the slowest rank."""
+    out = work / f"{sharing}-{processes}.jsonl"
+    out.unlink(missing_ok=True)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+    command = [*(launcher if processes > 1 else [sys.executable]), __file__, "--worker", sharing, "--steps", str(steps), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    subprocess.run(command, check=True, env=env)
+    ranks = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+    slowest = [max(r["seconds"][k] for r in ranks) for k in range(steps)]
+    gathers = [max(r["gather_seconds"][k] for r in ranks) for k in range(steps)]
+    return {
+        "sharing": sharing,
+        "processes": processes,
+        "parameters": ranks[0]["parameters"],
+        "seconds_per_step": statistics.median(slowest[1:]),
+        "gather_seconds_per_step": statistics.median(gathers[1:]),
+        "peak_rss_mb_per_process": max(r["peak_rss_mb"] for r in ranks),
+        "model_state_mb_per_process": max(r["model_state_mb"] for r in ranks),
+        "sampler_copy_mb_per_process": max(r["sampler_copy_mb"] for r in ranks),
+        "ranks": ranks,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--work", default="/tmp/bench-sharding")
+    parser.add_argument("--worker", choices=("replicate", "shard"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.steps, Path(args.out))
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    runs = [run("replicate", 1, args.steps, work)]  # one process: nothing to shard
+    runs += [run(sharing, n, args.steps, work) for n in args.processes if n > 1 for sharing in ("replicate", "shard")]
+    summary = {}
+    for n in sorted({r["processes"] for r in runs if r["processes"] > 1}):
+        rep, shard = (next(r for r in runs if r["processes"] == n and r["sharing"] == s) for s in ("replicate", "shard"))
+        summary[f"{n} processes"] = {
+            "model_state_shard_over_replicate": shard["model_state_mb_per_process"] / rep["model_state_mb_per_process"],
+            "peak_rss_shard_over_replicate": shard["peak_rss_mb_per_process"] / rep["peak_rss_mb_per_process"],
+            "seconds_shard_over_replicate": shard["seconds_per_step"] / rep["seconds_per_step"],
+        }
+    out = ROOT / "bench" / "results" / "sharding.json"
+    write_result(out, {"steps": args.steps, "batch": f"{GROUPS} groups of {GROUP_SIZE}, {PROMPT}+{RESPONSE} tokens", "summary": summary, "runs": runs})
+    for r in runs:
+        print(
+            f"{r['sharing']:9} x{r['processes']}: {r['seconds_per_step']:.2f} s/step ({r['gather_seconds_per_step']:.2f} gathering), model state {r['model_state_mb_per_process']:.0f} MB, "
+            f"peak RSS {r['peak_rss_mb_per_process']:.0f} MB, sampler copy {r['sampler_copy_mb_per_process']:.0f} MB per process"
+        )
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
