@@ -219,6 +219,35 @@ def test_what_cannot_split_across_processes_is_refused_before_any_work(settings:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "moment",
+    [
+        (["toolpolicy.trainer.sft", "sft_loss"], 3, None),  # step 3 mid-update, after step 2's checkpoint
+        (["toolpolicy.trainer.sft", "save_checkpoint"], 1, None),  # as step 2's checkpoint is written
+    ],
+    ids=["mid-update", "at-a-checkpoint"],
+)
+def test_a_killed_sharded_sft_resumes_exactly(moment: tuple, sharded_sft: Path, tmp_path: Path):
+    """Both processes of a sharded SFT run killed with SIGKILL (each at its own call of the
+    function: one may die while the other still writes), then `--resume` under torchrun: the
+    metrics and the final weights of the uninterrupted run."""
+    from test_resume import DRIVER
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    run_dir = tmp_path / "killed"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(driver), json.dumps(list(moment)),
+        "sft", str(SMOKE), *SFT, "--set", "model.sharing=shard", "--set", f"run.dir={run_dir}",
+    ]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert process.returncode != 0 and "Signal 9 (SIGKILL) received" in process.stderr, process.stderr[-2000:]
+    torchrun("sft", "--resume", str(run_dir))
+    assert metrics(run_dir) == metrics(sharded_sft)
+    final = (run_dir / "sft" / "final" / "model.safetensors").read_bytes()
+    assert final == (sharded_sft / "sft" / "final" / "model.safetensors").read_bytes()
+
+
 def test_shard_offload_on_the_cpu_is_refused_before_any_work(tmp_path: Path, monkeypatch):
     """FSDP2's CPU offload needs an accelerator to copy the shards to; on the CPU it is a config error."""
     from toolpolicy.build import load_config
