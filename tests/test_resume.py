@@ -264,6 +264,44 @@ def test_resume_with_every_checkpoint_damaged_is_a_one_line_error(straight_rl: P
     )
 
 
+class _RecordingShards:
+    """Stands for `distributed.Shards` (which needs a process group): records what it is asked to do."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def save(self, folder: Path) -> None:
+        self.calls.append("save")
+
+    def load(self, folder: Path) -> None:
+        self.calls.append("load")
+
+
+def test_a_sharded_checkpoint_before_the_first_optimizer_step_keeps_the_empty_state_whole(tmp_path: Path):
+    """Before the first optimizer step the state is empty and the same on every rank: the
+    checkpoint keeps it in trainer_state.pt (shards of it would need torch to take a step of lr
+    0 first, one step more than the run), and resuming reads it from there; after a step the
+    ranks write and read shards."""
+    from toolpolicy.trainer.checkpoint import restore_state
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    tokenizer = AutoTokenizer.from_pretrained(CALC_SFT)
+    model.save_pretrained = lambda folder: (folder / "model.safetensors").write_bytes(b"")  # a model folder's stand-in
+    shards = _RecordingShards()
+    early = save_checkpoint(tmp_path, 1, model, tokenizer, optimizer, scheduler, None, keep=2, shards=shards)
+    assert shards.calls == [] and torch.load(early / STATE_FILE, weights_only=True)["optimizer"] is not None
+    restore_state(early, optimizer, scheduler, None, shards)
+    assert shards.calls == [] and not optimizer.state
+    model(torch.ones(2)).sum().backward()
+    optimizer.step()
+    later = save_checkpoint(tmp_path, 2, model, tokenizer, optimizer, scheduler, None, keep=2, shards=shards)
+    assert shards.calls == ["save"] and torch.load(later / STATE_FILE, weights_only=True)["optimizer"] is None
+    restore_state(later, optimizer, scheduler, None, shards)
+    assert shards.calls == ["save", "load"]
+
+
 def test_a_checkpoint_from_before_rollout_states_names_each_log():
     """Checkpoints written before the pool kept its logs' states held their last records by
     rank; a resume reads them as the states of the logs torchrun ranks and Ray workers write."""

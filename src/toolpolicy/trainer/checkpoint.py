@@ -116,14 +116,17 @@ def save_checkpoint(
     """Write checkpoint `step` atomically; keep the newest `keep`. `rollouts`: the rollout
     pool's state (`Rollouts.state()`: each audit log's own state), so that a resumed run
     cuts the decisions it will take again. Every rank calls it: rank 0 writes the checkpoint,
-    and with `shards` (a sharded run) every rank first writes its shards of the optimizer state.
-    `replay`: the success replay's store (`SuccessReplay.state()`), so that a resumed run
-    replays what this one would."""
+    and with `shards` (a sharded run) every rank first writes its shards of the optimizer state,
+    once it has one (before the first optimizer step the state is empty, the same on every
+    rank, and trainer_state.pt holds it: writing shards would have torch take a step of lr 0
+    to create them, one more step than the run takes). `replay`: the success replay's store
+    (`SuccessReplay.state()`), so that a resumed run replays what this one would."""
     final = phase_dir / "checkpoints" / f"step_{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     if world.main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+    shards = shards if optimizer.state else None
     if shards is not None:
         world.barrier()  # the folder exists before any rank writes into it
         shards.save(tmp)
@@ -186,9 +189,14 @@ def restore_state(
     """Load optimizer, schedule and RNG states saved with `checkpoint`; return its step.
     `shards`: a sharded run's, each rank reading its own shards of the optimizer state."""
     state = load_trainer_state(checkpoint / STATE_FILE)
-    if shards is None:
+    if state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
     else:
+        if shards is None:
+            raise CheckpointError(
+                f"{checkpoint}: its optimizer state is in shards ({SHARDS}), written by processes holding shards of "
+                "the model: resume it under torchrun with model.sharing: shard, as it ran"
+            )
         shards.load(checkpoint)
     scheduler.load_state_dict(state["scheduler"])
     random.setstate(state["rng"]["python"])
