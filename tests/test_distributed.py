@@ -121,7 +121,8 @@ GRAD_CLIP = 0.5  # sharded_steps.GRAD_CLIP
 @pytest.fixture(scope="module")
 def one_process_steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("steps") / "one.pt"
-    process = subprocess.run([sys.executable, str(STEPS), "replicate", str(out)], capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as each torchrun process: sums in the same order
+    process = subprocess.run([sys.executable, str(STEPS), "replicate", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert process.returncode == 0, process.stderr[-3000:]
     return torch.load(out)
 
@@ -151,6 +152,7 @@ def test_two_processes_update_a_fixed_batch_as_one_process_does(sharing: str, on
 SFT = [
     "--set", "sft.steps=4", "--set", "run.checkpoint_every=2", "--set", "sft.examples=64", "--set", "embedded.tokenizer_texts=50",
     "--set", "sft.batch_size=13", "--set", "optim.micro_batch_size=2",  # 7 and 6 examples: 4 and 3 micro-batches
+    "--set", "run.threads=1",  # one process computes with one thread, as each torchrun process
 ]
 
 
