@@ -13,16 +13,27 @@ from toolpolicy.demo import default_config_path
 SMOKE = default_config_path().with_name("smoke.yaml")
 
 
+STARTING_THREADS: list[int] = []
+"""torch's thread count when the session began (before any fixture could change it)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import torch
+
+    STARTING_THREADS.append(torch.get_num_threads())
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
     """A command run in-process with `threads: N` sets torch's thread count for the whole
-    process; give it back after each test, so no test computes with another test's setting
-    (sums over another thread count differ in the last bits)."""
+    process; set it back to the count the session started with after each test, so no test
+    computes with another test's setting (sums over another thread count differ in the last
+    bits). The count is the session's, not the one this test found: a module-scoped fixture
+    runs outside every test's restore, and would otherwise hand its setting on for good."""
     import torch
 
-    threads = torch.get_num_threads()
     yield
-    torch.set_num_threads(threads)
+    torch.set_num_threads(STARTING_THREADS[0])
 
 
 @pytest.fixture(scope="session")
