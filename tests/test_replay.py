@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -113,13 +113,13 @@ def test_a_replayed_group_carries_a_signal_and_trains() -> None:
 
 def test_a_task_pool_brings_tasks_back() -> None:
     from toolpolicy.build import build_env
-    from toolpolicy.trainer.rl import pooled_tasks
+    from toolpolicy.trainer.rl import pooled_tasks, task_pool
 
     env = build_env(load_config(None, ["env=calc"]).env)
-    pooled = Sampling(prompts=4, group_size=2, dynamic=False, refill_rounds=0, seed=3, pool=6)
+    fresh = Sampling(prompts=4, group_size=2, dynamic=False, refill_rounds=0, seed=3)
+    pooled = replace(fresh, pool=task_pool(env, 6, fresh))
     steps = [[t.id for t in pooled_tasks(env, pooled, seed)] for seed in range(10)]
     assert all(len(set(ids)) == 4 for ids in steps) and len({i for ids in steps for i in ids}) == 6
-    fresh = Sampling(prompts=4, group_size=2, dynamic=False, refill_rounds=0, seed=3)
     assert len({t.id for seed in range(10) for t in pooled_tasks(env, fresh, seed)}) == 40
 
 

@@ -100,15 +100,21 @@ def padding_piece(pad_id: int) -> TokenBatch:
 
 
 def padding_pass(
-    model: torch.nn.Module, reference: torch.nn.Module | None, piece: TokenBatch, recompute: Recompute, temperature: float = 1.0
+    model: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    piece: TokenBatch,
+    recompute: Recompute,
+    temperature: float = 1.0,
+    backward: bool = True,
 ) -> None:
-    """The forward passes of a micro-batch (policy and reference) and a backward pass whose loss
-    is multiplied by 0: a sharded model's collectives, and no change to any gradient."""
+    """The forward passes of a micro-batch (policy and reference) and, with `backward`, a backward
+    pass whose loss is multiplied by 0: a sharded model's collectives, and no change to any gradient."""
     logprobs, _ = recompute.logprobs(model, piece, temperature)  # [1, 1]
     if reference is not None:
         with torch.no_grad(), reference_mode(reference):
             recompute.logprobs(reference, piece, temperature)
-    (logprobs.sum() * 0.0).backward()
+    if backward:
+        (logprobs.sum() * 0.0).backward()
 
 
 def update_order(group_order: list[int], trajectories: list[Trajectory], size: int) -> list[int]:

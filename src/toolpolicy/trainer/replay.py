@@ -46,14 +46,14 @@ class SuccessReplay:
         stored success of its task, where there is one; and which positions were replaced.
         Then the successes sampled here are stored (the latest of a task wins)."""
         out, replaced = list(scored), [False] * len(scored)
+        counts = [self._counts(trajectory) for trajectory, _ in scored]
         for start in range(0, len(scored), group_size):
-            group = scored[start : start + group_size]
-            task = group[0][0].episode.task.id
-            if task in self.stored and not any(self._counts(t) for t, _ in group):
+            task = scored[start][0].episode.task.id
+            if task in self.stored and not any(counts[start : start + group_size]):
                 out[start + group_size - 1] = self.stored[task]
                 replaced[start + group_size - 1] = True
-        for trajectory, score in scored:
-            if self._counts(trajectory):
+        for (trajectory, score), counted in zip(scored, counts):
+            if counted:
                 self.stored[trajectory.episode.task.id] = (trajectory, score)
         return out, replaced
 

@@ -130,8 +130,8 @@ class Sampling:
     """Each episode samples from its own stream (episode_seed), not the batch's generator."""
     fits: Callable[[Task], bool] | None = None
     """Whether a task's prompt is within max_prompt_tokens (None: every task is drawn)."""
-    pool: int | None = None
-    """Draw each step's tasks from a fixed set of this many (rl.task_pool); None: fresh ones."""
+    pool: tuple[Task, ...] = ()
+    """The fixed set each step's tasks are drawn from (`task_pool`, rl.task_pool); empty: fresh ones."""
 
 
 @dataclass(frozen=True)
@@ -174,13 +174,17 @@ def prompt_fits(env: Env, template: ChatTemplate, encode: Encode, most: int) -> 
     return lambda task: len(prompt_ids(env, template, encode, task)) <= most
 
 
+def task_pool(env: Env, size: int, sampling: Sampling) -> tuple[Task, ...]:
+    """The run's fixed set of `size` train tasks (rl.task_pool), drawn once from its seed."""
+    return tuple(draw_tasks(env, size, train_seed(sampling.seed, -1, 0), sampling.fits))
+
+
 def pooled_tasks(env: Env, sampling: Sampling, seed: int) -> list[Task]:
     """`sampling.prompts` tasks of round `seed`: drawn fresh, or sampled without replacement
-    from the fixed set of `sampling.pool` tasks (the same set every step, from the run's seed)."""
-    if sampling.pool is None:
+    from `sampling.pool`."""
+    if not sampling.pool:
         return draw_tasks(env, sampling.prompts, seed, sampling.fits)
-    pool = draw_tasks(env, sampling.pool, train_seed(sampling.seed, -1, 0), sampling.fits)
-    return random.Random(seed).sample(pool, min(sampling.prompts, len(pool)))
+    return random.Random(seed).sample(sampling.pool, min(sampling.prompts, len(sampling.pool)))
 
 
 def submit_round(rollouts: Rollouts, sampling: Sampling, step: int, refill: int) -> Pending:
@@ -369,7 +373,7 @@ def trainer_before(learner: Learner, trajectories: list[Trajectory], episodes: l
     learner.model.eval()
     with torch.no_grad():
         for _ in range(learner.sharing.lockstep(learner.world)(len(pieces)) - len(pieces)):
-            learner.recompute.logprobs(learner.model, padding_piece(learner.pad_id).to(device), s.temperature)
+            padding_pass(learner.model, None, padding_piece(learner.pad_id).to(device), learner.recompute, s.temperature, backward=False)
         for rows, piece in pieces:
             piece = piece.to(device)
             values, _ = learner.recompute.logprobs(learner.model, piece, s.temperature)  # [b, l]
@@ -565,7 +569,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     recompute = FULL_SEQUENCES if cfg.model.gradient_checkpointing else SHARED_PROMPTS  # no KV cache to share then
     sampling = Sampling(
         rl.prompts_per_step, rl.group_size, cfg.algorithm.dynamic_sampling, cfg.algorithm.max_refill_rounds, cfg.run.seed,
-        episode_streams=rl.sampling_streams == "episode", pool=rl.task_pool,
+        episode_streams=rl.sampling_streams == "episode",
     )
     phase_dir = run_dir / "rl"
     checkpoint = resume_from(phase_dir) if resume else None
@@ -624,6 +628,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             save_start(phase_dir, start_state)
     if cfg.env.max_prompt_tokens is not None:
         sampling = replace(sampling, fits=prompt_fits(pool.env, policy.chat, policy.encode, cfg.env.max_prompt_tokens))
+    if rl.task_pool:
+        sampling = replace(sampling, pool=task_pool(pool.env, rl.task_pool, sampling))
     success = reward_function(pool.env.success_reward)
     replay = SuccessReplay(lambda episode: success(episode) == 1.0) if cfg.algorithm.replay else None
     if replay is not None:
