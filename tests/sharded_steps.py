@@ -5,13 +5,15 @@ process's.
 
     python tests/sharded_steps.py replicate OUT                               # one process
     python -m torch.distributed.run --nproc-per-node 2 tests/sharded_steps.py shard OUT
+    python -m torch.distributed.run --nproc-per-node 2 tests/sharded_steps.py shard OUT lora
 
 The batch is three groups of two episodes (a shared prompt each, responses of different
 lengths) and one micro-batch a row, so two processes run unequal numbers of micro-batches:
 rank 0 two groups, rank 1 one; the second of two optimizer steps a pass has rank 1 nothing
 to train (a sharded rank then runs padding passes only). TIS takes pi_old from a forward pass
 before the first step (unequal micro-batches again), a KL reference (beta > 0) is sharded the
-same way, and the clip acts on some steps (GRAD_CLIP below their norm)."""
+same way, and the clip acts on some steps (GRAD_CLIP below their norm). With `lora` a LoRA
+adapter trains on the frozen model, and the KL reference is that model with the adapter off."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 from toolpolicy.algorithms.correction import Correction
 from toolpolicy.build import load_config
 from toolpolicy.model import PolicyModel
+from toolpolicy.model.adapters import LoraSettings, attach_lora
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import SHARED_PROMPTS, collate
 from toolpolicy.trainer.distributed import SHARINGS, World
@@ -63,15 +66,19 @@ def fixed_batch(model: torch.nn.Module, pad_id: int) -> tuple[list[Trajectory], 
     return episodes, torch.tensor([1.0, -1.0, 0.5, -0.5, -0.8, 0.8])
 
 
-def main(sharing_name: str, out: Path) -> None:
+def main(sharing_name: str, out: Path, lora: bool = False) -> None:
     torch.manual_seed(0)
     policy = PolicyModel.load(CALC_SFT)
-    model, reference = policy.model, PolicyModel.load(CALC_SFT).model.eval()
+    model = policy.model
+    if lora:  # the adapter's A from the seeded generator, the same in every process; B starts at 0
+        model = attach_lora(model, LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "up_proj", "down_proj")), CALC_SFT)
+    reference = model if lora else PolicyModel.load(CALC_SFT).model.eval()  # LoRA: the base with the adapter off
     episodes, advantages = fixed_batch(model, policy.pad_id)
     world = World.from_environment(torch.device("cpu"))
     sharing = SHARINGS[sharing_name](False)
     whole = sharing.place(model, world)
-    sharing.place_frozen(reference, world)
+    if reference is not model:
+        sharing.place_frozen(reference, world)
     trainable = [p for p in model.parameters() if p.requires_grad]
     # SGD with momentum (its state sharded as well): Adam's step on a gradient near 0 turns
     # rounding into an update of lr, so weights 1e-6 apart would say little about the sums.
@@ -98,4 +105,4 @@ def main(sharing_name: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1], Path(sys.argv[2]), lora=sys.argv[3:] == ["lora"])

@@ -114,37 +114,91 @@ def test_two_processes_resume_exactly(two_processes: Path, tmp_path: Path):
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
 
 
+def test_lora_from_an_adapter_in_two_sharded_processes_takes_one_process_steps(tmp_path: Path):
+    """RL with a LoRA adapter from an adapter checkpoint (folded into its base first, which
+    rank 0 writes to rl/base and both ranks then load), in 2 processes holding shards: the
+    steps of one process, the same adapter to float rounding, and a resume from step 2 bit
+    for bit."""
+    from toolpolicy.model import PolicyModel
+    from toolpolicy.model.adapters import LoraSettings, attach_lora
+
+    adapter = tmp_path / "adapter"  # a trained-looking adapter: B away from 0, so folding it changes the base
+    policy = PolicyModel.load(CALC_SFT)
+    torch.manual_seed(0)
+    model = attach_lora(policy.model, LoraSettings(4, 8, 0.0, ("q_proj", "v_proj")), CALC_SFT)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.02)
+    model.save_pretrained(adapter)
+    policy.tokenizer.save_pretrained(adapter)
+    lora = [*RUN, "--set", f"rl.init_from={adapter}", "--set", "model.lora_rank=4", "--set", "run.threads=1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["train", str(SMOKE), *lora, "--set", f"run.dir={one}"]) == 0
+    torchrun("train", str(SMOKE), *lora, "--set", "model.sharing=shard", "--set", f"run.dir={two}")
+    for a, b in zip(metrics(one), metrics(two), strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            expected = pytest.approx(a[key], rel=1e-5, abs=1e-5) if isinstance(a[key], float) else a[key]
+            assert b[key] == expected, (a["step"], key)
+    assert load_file(two / "rl" / "base" / "model.safetensors").keys() == load_file(CALC_SFT / "model.safetensors").keys()
+    w1, w2 = (load_file(run / "rl" / "final" / "adapter_model.safetensors") for run in (one, two))
+    assert w1.keys() == w2.keys() and max(float(t.abs().max()) for k, t in w1.items() if "lora_B" in k) > 0
+    for name, tensor in w1.items():
+        torch.testing.assert_close(w2[name], tensor, rtol=1e-5, atol=1e-6)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "rl" / "checkpoints" / "step_000003")
+    shutil.rmtree(resumed / "rl" / "final")
+    torchrun("train", "--resume", str(resumed))
+    assert metrics(resumed) == metrics(two)
+    again = load_file(resumed / "rl" / "final" / "adapter_model.safetensors")
+    assert all(torch.equal(again[k], w2[k]) for k in w2)
+
+
 STEPS = Path(__file__).with_name("sharded_steps.py")
 GRAD_CLIP = 0.5  # sharded_steps.GRAD_CLIP
 
 
-@pytest.fixture(scope="module")
-def one_process_steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("steps") / "one.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as each torchrun process: sums in the same order
-    process = subprocess.run([sys.executable, str(STEPS), "replicate", str(out)], capture_output=True, text=True, timeout=600, env=env)
+def run_steps(out: Path, processes: int, sharing: str, *extra: str) -> dict:
+    """tests/sharded_steps.py in one process or under torchrun, one thread each (sums in the
+    same order): what it saved."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)] if processes > 1 else []
+    command = [sys.executable, *launcher, str(STEPS), sharing, str(out), *extra]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert process.returncode == 0, process.stderr[-3000:]
     return torch.load(out)
 
 
+@pytest.fixture(scope="module")
+def one_process_steps(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict]:
+    """One process's updates, with every weight trained and with a LoRA adapter."""
+    folder = tmp_path_factory.mktemp("steps")
+    return {lora: run_steps(folder / f"one_{lora}.pt", 1, "replicate", *(["lora"] if lora else [])) for lora in (False, True)}
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("sharing", ["replicate", "shard"])
-def test_two_processes_update_a_fixed_batch_as_one_process_does(sharing: str, one_process_steps: dict, tmp_path: Path):
+def test_two_processes_update_a_fixed_batch_as_one_process_does(sharing: str, lora: bool, one_process_steps: dict, tmp_path: Path):
     """Three RL updates of the calc model on one batch (tests/sharded_steps.py: unequal
     micro-batches per rank, a rank with nothing to train, TIS's pi_old pass, a sharded KL
-    reference, clipping):
+    reference or, with LoRA, the base with the adapter off, clipping):
     the same losses and weights as one process to 1e-6, and gradient norms to 1e-5."""
-    out = tmp_path / "two.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(STEPS), sharing, str(out)]
-    process = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert process.returncode == 0, process.stderr[-3000:]
-    one, two = one_process_steps, torch.load(out)
+    one = one_process_steps[lora]
+    two = run_steps(tmp_path / "two.pt", 2, sharing, *(["lora"] if lora else []))
     assert len(two["grad_norms"]) == 6 and max(two["grad_norms"]) > GRAD_CLIP  # 2 optimizer steps an update, some clipped
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-6, abs=1e-6)
     assert two["grad_norms"] == pytest.approx(one["grad_norms"], rel=1e-5)  # norms of sums taken in another order
     start = load_file(CALC_SFT / "model.safetensors")
-    moved = max(float((one["weights"][k] - start[k]).abs().max()) for k in start)
+    if lora:  # the base stays as loaded in every process; the adapter's B, from 0, moves
+        base = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): t for k, t in two["weights"].items() if ".lora_" not in k}
+        assert all(torch.equal(base[k], start[k]) for k in start)  # the file has no lm_head: tied to the embedding
+        moved = max(float(t.abs().max()) for k, t in one["weights"].items() if "lora_B" in k)
+    else:
+        moved = max(float((one["weights"][k] - start[k]).abs().max()) for k in start)
     assert moved > 1e-4  # 1e-6 below is a gap, not a standstill
+    assert one["weights"].keys() == two["weights"].keys()
     for name, tensor in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], tensor, rtol=1e-6, atol=1e-6)
 
@@ -206,10 +260,10 @@ def test_sharded_sft_resumes_exactly_and_exports_a_plain_model(sharded_sft: Path
     assert all(torch.equal(exported.state_dict()[name], tensor) for name, tensor in weights.items())
 
 
-@pytest.mark.parametrize("settings", [[], ["rl.sampling_streams=episode", "model.lora_rank=4"]])
+@pytest.mark.parametrize("settings", [[], ["rl.sampling_streams=episode", "rl.max_staleness=1"]])
 def test_what_cannot_split_across_processes_is_refused_before_any_work(settings: list[str], tmp_path: Path, monkeypatch):
-    """Under torchrun (WORLD_SIZE=2) batch streams or LoRA are a config error, raised before a
-    model is loaded or a process group joined."""
+    """Under torchrun (WORLD_SIZE=2) batch streams or asynchronous sampling are a config error,
+    raised before a model is loaded or a process group joined."""
     from toolpolicy.build import load_config
     from toolpolicy.config import ConfigError
     from toolpolicy.trainer.rl import train_rl

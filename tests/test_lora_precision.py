@@ -242,3 +242,24 @@ def test_linear_weights_stored_in_bfloat16_give_the_very_logits_of_autocast() ->
     with torch.no_grad():
         assert torch.equal(stored.model(input_ids=ids).logits, cast.model(input_ids=ids).logits)
     assert linear_weights_in(PolicyModel.load(CALC_SFT).model, torch.float32) == 0  # float32 compute: nothing to store
+
+
+def test_a_fresh_adapter_starts_from_the_run_seed(tmp_path: Path) -> None:
+    """Two runs with the same seed start from the same adapter (whatever the process's own
+    random state), and another seed from another; the process's random state is left as it was."""
+    from toolpolicy.build import trainable_policy
+
+    section = load_config(None, ["model.lora_rank=4"]).model
+
+    def initial_a(seed: int) -> torch.Tensor:
+        model = trainable_policy(section, CALC_SFT, tmp_path, False, seed).model
+        return torch.cat([p.detach().flatten() for n, p in model.named_parameters() if "lora_A" in n])
+
+    torch.manual_seed(1)
+    first = initial_a(0)
+    torch.rand(7)  # the process's stream moved on: the next adapter must not depend on it
+    assert torch.equal(initial_a(0), first)
+    assert not torch.equal(initial_a(1), first)
+    before = torch.random.get_rng_state()
+    initial_a(0)
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -9,6 +9,7 @@ rollout/) know nothing of the config.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -145,22 +146,37 @@ def inference_policy(model: ModelSection, path: str | Path) -> PolicyModel:
     return policy
 
 
-def trainable_policy(model: ModelSection, path: str | Path, phase_dir: Path, resuming: bool) -> PolicyModel:
+def trainable_policy(
+    model: ModelSection,
+    path: str | Path,
+    phase_dir: Path,
+    resuming: bool,
+    seed: int = 0,
+    main: bool = True,
+    barrier: Callable[[], None] = lambda: None,
+) -> PolicyModel:
     """The policy a training phase updates. Without LoRA: the checkpoint at `path`. With
     LoRA: a resumed adapter as saved; else a fresh adapter on `path`, where an adapter
     `path` (RL from LoRA SFT) is first merged into its base and saved as PHASE_DIR/base,
-    the new adapter's base and its KL reference. The frozen base is kept in `dtype`."""
+    the new adapter's base and its KL reference. The frozen base is kept in `dtype`. A fresh
+    adapter's random initial weights come from `seed` (the same in every process and run).
+    Under torchrun the `main` process writes PHASE_DIR/base and every process loads it
+    after `barrier`."""
     policy = load_policy_model(model, path)
     if not model.lora_rank or resuming:
         return policy
     base = local_checkpoint(path)  # the adapter names a folder, never a GGUF file
     if is_adapter(path):
         base = phase_dir / "base"
-        merged(policy.model).save_pretrained(base)
-        policy.tokenizer.save_pretrained(base)
+        if main:
+            merged(policy.model).save_pretrained(base)
+            policy.tokenizer.save_pretrained(base)
+        barrier()
         policy = load_policy_model(model, base)
     settings = LoraSettings(model.lora_rank, model.lora_alpha, model.lora_dropout, tuple(model.lora_target_modules))
-    policy.model = attach_lora(policy.model, settings, base)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy.model = attach_lora(policy.model, settings, base)
     store_frozen_in(policy.model, DTYPES[placement(model).dtype])
     return policy
 

@@ -95,16 +95,13 @@ def check_processes(cfg: Config, processes: int, phase: str = "rl") -> None:
             "model.shard_offload moves the shards between CPU memory and an accelerator; on the CPU they are in "
             "CPU memory already: leave it off"
         )
-    if processes > 1 and cfg.model.lora_rank and phase == "sft":
-        raise ConfigError(f"{processes} processes train every weight: no model.lora_rank (an adapter is not split across processes)")
     if processes > 1 and phase == "rl" and (
-        not _capabilities(cfg).request_seeds or cfg.rl.sampling_streams != "episode" or cfg.rl.ray_workers
-        or cfg.model.lora_rank or cfg.rl.max_staleness
+        not _capabilities(cfg).request_seeds or cfg.rl.sampling_streams != "episode" or cfg.rl.ray_workers or cfg.rl.max_staleness
     ):
         raise ConfigError(
             f"{processes} processes need rl.sampling_streams: episode on a backend that takes a seed per request (hf; "
             "else each would draw its episodes from its own generator, so the run would depend on the process "
-            "count), and no rl.ray_workers, model.lora_rank or rl.max_staleness"
+            "count), and no rl.ray_workers or rl.max_staleness"
         )
 
 

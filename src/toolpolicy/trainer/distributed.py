@@ -267,12 +267,14 @@ class Sharded:
         """Nothing left to do: the backward pass scattered each block's summed gradient."""
 
     def refresh(self, model: torch.nn.Module, whole: torch.nn.Module) -> None:
-        """Copy the sharded weights into `whole`, one gathered parameter at a time (a tied
-        one once; buffers are not sharded and do not train)."""
+        """Copy the trained weights into `whole`, one gathered parameter at a time (a tied one
+        once; frozen ones, a LoRA model's base, are as `place` copied them; buffers are not
+        sharded and do not train)."""
         with torch.no_grad():
             for (name, shard), (same, target) in zip(model.named_parameters(), whole.named_parameters(), strict=True):
                 assert name == same, (name, same)
-                target.copy_(shard.full_tensor() if isinstance(shard, DTensor) else shard)
+                if shard.requires_grad:
+                    target.copy_(shard.full_tensor() if isinstance(shard, DTensor) else shard)
 
     def shards(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Shards:
         return Shards(model, optimizer)

@@ -49,7 +49,7 @@ from toolpolicy.checks import check_processes, require_init_from
 from toolpolicy.config import AlgorithmSection, Config, ConfigError
 from toolpolicy.envs.base import Env
 from toolpolicy.model.adapters import reference_mode
-from toolpolicy.model.placement import device_of, memory_metrics
+from toolpolicy.model.placement import device_of, memory_metrics, resolve_device
 from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.backends import CAPABILITIES, Capabilities
@@ -573,9 +573,9 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     )
     phase_dir = run_dir / "rl"
     checkpoint = resume_from(phase_dir) if resume else None
-    policy = trainable_policy(cfg.model, checkpoint or rl.init_from, phase_dir, resuming=checkpoint is not None)
+    world = World.from_environment(resolve_device(cfg.model.device))
+    policy = trainable_policy(cfg.model, checkpoint or rl.init_from, phase_dir, checkpoint is not None, cfg.run.seed, world.main, world.barrier)
     model = policy.model
-    world = World.from_environment(device_of(model))
     sharing = SHARINGS[cfg.model.sharing if world.size > 1 else "replicate"](cfg.model.shard_offload)
     whole = sharing.place(model, world)  # the weights that sample and are saved: `model`, or a copy beside its shards
     reference = None

@@ -103,7 +103,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         build_embedded(cfg, base)
     world.barrier()  # every rank loads the model rank 0 built
     checkpoint = resume_from(phase_dir) if resume else None
-    policy = trainable_policy(cfg.model, checkpoint or base, phase_dir, resuming=checkpoint is not None)
+    policy = trainable_policy(cfg.model, checkpoint or base, phase_dir, checkpoint is not None, cfg.run.seed, world.main, world.barrier)
     model = policy.model
     sharing = SHARINGS[cfg.model.sharing if world.size > 1 else "replicate"](cfg.model.shard_offload)
     whole = sharing.place(model, world)  # the weights saved: `model`, or a copy beside its shards
