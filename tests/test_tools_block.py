@@ -105,3 +105,71 @@ def test_the_tools_block_keeps_the_prefix_property_and_parses_its_own_calls() ->
     written = template.render_assistant(Message("assistant", "", (CALL,)))
     parsed = template.parse(written, max_call_chars=4096)
     assert parsed.tool_calls == (ToolCall("calculator", {"expression": "487*36"}),) and not parsed.errors
+
+
+TOOL_CONVERSATIONS = [
+    [
+        Message("system", "Be brief."), Message("user", "Two sums."), Message("assistant", "Computing.", (CALL, SECOND)),
+        Message("tool", "17532", name="calculator"), Message("tool", "2", name="calculator"), Message("user", "Thanks"),
+    ],
+    [Message("user", "What is 487*36?"), Message("assistant", "", (CALL,)), Message("tool", "17532", name="calculator")],
+    [Message("user", "Hi")],
+]
+
+
+@pytest.mark.parametrize("conversation", TOOL_CONVERSATIONS, ids=["system-two-calls", "no-system", "no-calls"])
+@pytest.mark.parametrize("with_tools", [True, False], ids=["tools", "no-tools"])
+def test_the_exported_template_renders_what_chat_tools_system_renders(conversation: list[Message], with_tools: bool) -> None:
+    """SmolLM2's template behind `tools_template`, given tools and OpenAI-shaped calls as a
+    server passes them: the text `chat_tools: system` trains on, at every turn boundary."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from toolpolicy.chat.jinja import openai_messages
+    from toolpolicy.chat.tools_block import tools_template
+
+    ours = JinjaTemplate.of(tokenizer(), source=smollm2_template(), tools="system")
+    wrapped = tools_template(smollm2_template())
+    tools = [CALC] if with_tools else []
+    for end in range(1, len(conversation) + 1):
+        for generation in (True, False):
+            served, _ = render_jinja_template(
+                [openai_messages(conversation[:end])], tools=[t.to_openai() for t in tools] or None, chat_template=wrapped,
+                add_generation_prompt=generation, **ours.variables,
+            )
+            assert served[0] == ours.render(conversation[:end], tools, add_generation_prompt=generation)
+
+
+def test_the_exported_template_takes_arguments_as_a_json_string() -> None:
+    """OpenAI clients send a call's arguments as a JSON string: pasted as they are."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from toolpolicy.chat.tools_block import tools_template
+
+    call = {"type": "function", "id": "c1", "function": {"name": "calculator", "arguments": '{"expression": "487*36"}'}}
+    chat = [{"role": "user", "content": "Go"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    served, _ = render_jinja_template([chat], chat_template=tools_template(smollm2_template()))
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "487*36"}}\n</tool_call><|im_end|>' in served[0]
+
+
+def test_export_gives_a_template_without_tools_a_tools_section(tmp_path: Path, capsys) -> None:
+    """`toolpolicy export` of a model whose template drops tools (SmolLM2's ChatML on the
+    calc model) writes the folder with the Hermes tools block in front and says so; the
+    tools then reach the prompt through transformers' own apply_chat_template. A template
+    that shows tools is written as it was."""
+    import shutil
+
+    from toolpolicy.cli import main
+
+    plain = tmp_path / "chatml"
+    shutil.copytree(SHIPPED, plain)
+    (plain / "chat_template.jinja").write_text(smollm2_template())
+    assert main(["export", str(plain), "--out", str(tmp_path / "out")]) == 0
+    assert "has no tools section" in capsys.readouterr().err
+    exported = AutoTokenizer.from_pretrained(tmp_path / "out")
+    chat = [{"role": "user", "content": "487*36?"}]
+    prompt = exported.apply_chat_template(chat, tools=[CALC.to_openai()], tokenize=False, add_generation_prompt=True)
+    assert '<tools>\n{"type": "function", "function": {"name": "calculator"' in prompt
+    assert exported.apply_chat_template(chat, tokenize=False) == AutoTokenizer.from_pretrained(plain).apply_chat_template(chat, tokenize=False)
+    assert main(["export", str(SHIPPED), "--out", str(tmp_path / "as-is")]) == 0
+    assert "has no tools section" not in capsys.readouterr().err
+    assert AutoTokenizer.from_pretrained(tmp_path / "as-is").chat_template == tokenizer().chat_template

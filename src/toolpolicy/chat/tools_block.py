@@ -10,15 +10,18 @@ messages; the model's own template then renders them with no `tools` argument, s
 turn framing, special tokens and default texts stay its own.
 
 `drops_tools` is the check that makes the silent case an error: a template whose prompt
-does not change when a tool is added.
+does not change when a tool is added. `tools_template` puts the same rewriting in Jinja in
+front of such a template, for the folder `toolpolicy export` writes: a server that renders
+with it (vLLM, transformers) shows the model its tools as training did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from toolpolicy.chat.template import QWEN25_PREAMBLE, TOOLS_SLOT, render_call, to_json
-from toolpolicy.chat.tokens import TOOL_RESPONSE_END, TOOL_RESPONSE_START
+from toolpolicy.chat.tokens import TOOL_CALL_END, TOOL_CALL_START, TOOL_RESPONSE_END, TOOL_RESPONSE_START
 from toolpolicy.types import Message, ToolSpec
 
 PROBE_TOOL = ToolSpec("lookup", "Look a key up.", {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]})
@@ -69,3 +72,70 @@ def drops_tools(render_prompt: Callable[[Sequence[Message], Sequence[ToolSpec]],
     never see the tools it is given."""
     opening = [Message("user", "Hi.")]
     return render_prompt(opening, [PROBE_TOOL]) == render_prompt(opening, [])
+
+
+def tools_template(source: str) -> str:
+    """The chat template `source` (one with no tools section) behind a Jinja prelude that does
+    what `hermes_turns` does, so that a server given tools and OpenAI-shaped calls (vLLM's
+    `--tool-call-parser hermes`, transformers' `apply_chat_template(tools=...)`) shows them to
+    the model as training did: `toolpolicy export` writes it for a model trained with
+    `chat_tools: system`. A conversation without tools, calls or tool results renders as
+    `source` renders it. Call arguments given as a JSON string are pasted as they are."""
+    head, tail = QWEN25_PREAMBLE.split(TOOLS_SLOT)
+    call_start, call_end = f"{TOOL_CALL_START}\n", f"\n{TOOL_CALL_END}"
+    prelude = f"""{{#- toolpolicy: the tools block and calls in the model's own turns (chat/tools_block.py) -#}}
+{{%- set hermes = namespace(out=[], previous="", rest=messages) -%}}
+{{%- if tools -%}}
+  {{%- set listing = namespace(text="") -%}}
+  {{%- for tool in tools -%}}
+    {{%- set listing.text = listing.text ~ ("\\n" if not loop.first else "") ~ (tool | tojson) -%}}
+  {{%- endfor -%}}
+  {{%- set block = {to_json(head)} ~ listing.text ~ {to_json(tail)} -%}}
+  {{%- if messages and messages[0].role == "system" -%}}
+    {{%- set hermes.out = [{{"role": "system", "content": messages[0].content ~ "\\n\\n" ~ block}}] -%}}
+    {{%- set hermes.rest = messages[1:] -%}}
+  {{%- else -%}}
+    {{%- set hermes.out = [{{"role": "system", "content": block}}] -%}}
+  {{%- endif -%}}
+{{%- endif -%}}
+{{%- for message in hermes.rest -%}}
+  {{%- if message.role == "assistant" and message.tool_calls -%}}
+    {{%- set text = namespace(value=message.content or "") -%}}
+    {{%- for call in message.tool_calls -%}}
+      {{%- set function = call.function if call.function is defined else call -%}}
+      {{%- set arguments = function.arguments if function.arguments is string else (function.arguments | tojson) -%}}
+      {{%- set piece = {to_json(call_start)} ~ '{{"name": ' ~ (function.name | tojson) ~ ', "arguments": ' ~ arguments ~ '}}' ~ {to_json(call_end)} -%}}
+      {{%- set text.value = (text.value ~ "\\n" ~ piece) if text.value else piece -%}}
+    {{%- endfor -%}}
+    {{%- set hermes.out = hermes.out + [{{"role": "assistant", "content": text.value}}] -%}}
+  {{%- elif message.role == "tool" -%}}
+    {{%- set response = {to_json(TOOL_RESPONSE_START + chr(10))} ~ message.content ~ {to_json(chr(10) + TOOL_RESPONSE_END)} -%}}
+    {{%- if hermes.previous == "tool" -%}}
+      {{%- set hermes.out = hermes.out[:-1] + [{{"role": "user", "content": hermes.out[-1].content ~ "\\n" ~ response}}] -%}}
+    {{%- else -%}}
+      {{%- set hermes.out = hermes.out + [{{"role": "user", "content": response}}] -%}}
+    {{%- endif -%}}
+  {{%- else -%}}
+    {{%- set hermes.out = hermes.out + [message] -%}}
+  {{%- endif -%}}
+  {{%- set hermes.previous = message.role -%}}
+{{%- endfor -%}}
+{{%- set messages = hermes.out -%}}
+{{%- set tools = none -%}}
+"""
+    return prelude + source
+
+
+def served_template(tokenizer: Any) -> str | None:
+    """`tools_template` of the tokenizer's chat template when that template drops tools (a
+    server would never show them to the model); None when it shows them or there is none."""
+    source = tokenizer.chat_template
+    if not isinstance(source, str) or not source:
+        return None
+
+    def render(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        schemas = [spec.to_openai() for spec in tools] or None
+        return tokenizer.apply_chat_template(chat, tools=schemas, tokenize=False, add_generation_prompt=True)
+
+    return tools_template(source) if drops_tools(render) else None
