@@ -5,15 +5,14 @@ process's.
 
     python tests/sharded_steps.py replicate OUT                               # one process
     python -m torch.distributed.run --nproc-per-node 2 tests/sharded_steps.py shard OUT
-    python -m torch.distributed.run --nproc-per-node 2 tests/sharded_steps.py shard OUT lora
 
 The batch is three groups of two episodes (a shared prompt each, responses of different
 lengths) and one micro-batch a row, so two processes run unequal numbers of micro-batches:
 rank 0 two groups, rank 1 one; the second of two optimizer steps a pass has rank 1 nothing
 to train (a sharded rank then runs padding passes only). TIS takes pi_old from a forward pass
 before the first step (unequal micro-batches again), a KL reference (beta > 0) is sharded the
-same way, and the clip acts on some steps (GRAD_CLIP below their norm). With `lora` a LoRA
-adapter trains on the frozen model, and the KL reference is that model with the adapter off."""
+same way, and the clip acts on some steps (GRAD_CLIP below their norm). Then the same with a
+LoRA adapter on the frozen model, whose KL reference is that model with the adapter off."""
 
 from __future__ import annotations
 
@@ -66,7 +65,9 @@ def fixed_batch(model: torch.nn.Module, pad_id: int) -> tuple[list[Trajectory], 
     return episodes, torch.tensor([1.0, -1.0, 0.5, -0.5, -0.8, 0.8])
 
 
-def main(sharing_name: str, out: Path, lora: bool = False) -> None:
+def updates(sharing_name: str, world: World, lora: bool) -> dict:
+    """Three updates of the fixed batch: their losses, gradient norms and the weights after
+    them (whole, on every rank)."""
     torch.manual_seed(0)
     policy = PolicyModel.load(CALC_SFT)
     model = policy.model
@@ -74,7 +75,6 @@ def main(sharing_name: str, out: Path, lora: bool = False) -> None:
         model = attach_lora(model, LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "up_proj", "down_proj")), CALC_SFT)
     reference = model if lora else PolicyModel.load(CALC_SFT).model.eval()  # LoRA: the base with the adapter off
     episodes, advantages = fixed_batch(model, policy.pad_id)
-    world = World.from_environment(torch.device("cpu"))
     sharing = SHARINGS[sharing_name](False)
     whole = sharing.place(model, world)
     if reference is not model:
@@ -99,10 +99,17 @@ def main(sharing_name: str, out: Path, lora: bool = False) -> None:
         losses.append(world.reduce_stats(done.sums, UPDATE_MAXIMA)["loss"])
         norms += done.grad_norms
     sharing.refresh(model, whole)
+    return {"losses": losses, "grad_norms": norms, "weights": whole.state_dict()}
+
+
+def main(sharing_name: str, out: Path) -> None:
+    """Both variants in one launch (every weight trained, then a LoRA adapter), saved as {"full": ..., "lora": ...}."""
+    world = World.from_environment(torch.device("cpu"))
+    results = {name: updates(sharing_name, world, lora) for name, lora in (("full", False), ("lora", True))}
     if world.main:
-        torch.save({"losses": losses, "grad_norms": norms, "weights": whole.state_dict()}, out)
+        torch.save(results, out)
     world.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), lora=sys.argv[3:] == ["lora"])
+    main(sys.argv[1], Path(sys.argv[2]))

@@ -160,47 +160,46 @@ STEPS = Path(__file__).with_name("sharded_steps.py")
 GRAD_CLIP = 0.5  # sharded_steps.GRAD_CLIP
 
 
-def run_steps(out: Path, processes: int, sharing: str, *extra: str) -> dict:
+def run_steps(out: Path, processes: int, sharing: str) -> dict:
     """tests/sharded_steps.py in one process or under torchrun, one thread each (sums in the
-    same order): what it saved."""
+    same order): what it saved, by variant (full, lora)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)] if processes > 1 else []
-    command = [sys.executable, *launcher, str(STEPS), sharing, str(out), *extra]
-    process = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    process = subprocess.run([sys.executable, *launcher, str(STEPS), sharing, str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert process.returncode == 0, process.stderr[-3000:]
     return torch.load(out)
 
 
 @pytest.fixture(scope="module")
-def one_process_steps(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict]:
+def one_process_steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One process's updates, with every weight trained and with a LoRA adapter."""
-    folder = tmp_path_factory.mktemp("steps")
-    return {lora: run_steps(folder / f"one_{lora}.pt", 1, "replicate", *(["lora"] if lora else [])) for lora in (False, True)}
+    return run_steps(tmp_path_factory.mktemp("steps") / "one.pt", 1, "replicate")
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("sharing", ["replicate", "shard"])
-def test_two_processes_update_a_fixed_batch_as_one_process_does(sharing: str, lora: bool, one_process_steps: dict, tmp_path: Path):
+def test_two_processes_update_a_fixed_batch_as_one_process_does(sharing: str, one_process_steps: dict, tmp_path: Path):
     """Three RL updates of the calc model on one batch (tests/sharded_steps.py: unequal
     micro-batches per rank, a rank with nothing to train, TIS's pi_old pass, a sharded KL
-    reference or, with LoRA, the base with the adapter off, clipping):
-    the same losses and weights as one process to 1e-6, and gradient norms to 1e-5."""
-    one = one_process_steps[lora]
-    two = run_steps(tmp_path / "two.pt", 2, sharing, *(["lora"] if lora else []))
-    assert len(two["grad_norms"]) == 6 and max(two["grad_norms"]) > GRAD_CLIP  # 2 optimizer steps an update, some clipped
-    assert two["losses"] == pytest.approx(one["losses"], rel=1e-6, abs=1e-6)
-    assert two["grad_norms"] == pytest.approx(one["grad_norms"], rel=1e-5)  # norms of sums taken in another order
+    reference or, with LoRA, the base with the adapter off, clipping), every weight trained
+    and then a LoRA adapter: the same losses and weights as one process to 1e-6, and gradient
+    norms to 1e-5."""
+    both = run_steps(tmp_path / "two.pt", 2, sharing)
     start = load_file(CALC_SFT / "model.safetensors")
-    if lora:  # the base stays as loaded in every process; the adapter's B, from 0, moves
-        base = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): t for k, t in two["weights"].items() if ".lora_" not in k}
-        assert all(torch.equal(base[k], start[k]) for k in start)  # the file has no lm_head: tied to the embedding
-        moved = max(float(t.abs().max()) for k, t in one["weights"].items() if "lora_B" in k)
-    else:
-        moved = max(float((one["weights"][k] - start[k]).abs().max()) for k in start)
-    assert moved > 1e-4  # 1e-6 below is a gap, not a standstill
-    assert one["weights"].keys() == two["weights"].keys()
-    for name, tensor in one["weights"].items():
-        torch.testing.assert_close(two["weights"][name], tensor, rtol=1e-6, atol=1e-6)
+    for variant in ("full", "lora"):
+        one, two = one_process_steps[variant], both[variant]
+        assert len(two["grad_norms"]) == 6 and max(two["grad_norms"]) > GRAD_CLIP  # 2 optimizer steps an update, some clipped
+        assert two["losses"] == pytest.approx(one["losses"], rel=1e-6, abs=1e-6)
+        assert two["grad_norms"] == pytest.approx(one["grad_norms"], rel=1e-5)  # norms of sums taken in another order
+        if variant == "lora":  # the base stays as loaded in every process; the adapter's B, from 0, moves
+            base = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): t for k, t in two["weights"].items() if ".lora_" not in k}
+            assert all(torch.equal(base[k], start[k]) for k in start)  # the file has no lm_head: tied to the embedding
+            moved = max(float(t.abs().max()) for k, t in one["weights"].items() if "lora_B" in k)
+        else:
+            moved = max(float((one["weights"][k] - start[k]).abs().max()) for k in start)
+        assert moved > 1e-4  # 1e-6 below is a gap, not a standstill
+        assert one["weights"].keys() == two["weights"].keys()
+        for name, tensor in one["weights"].items():
+            torch.testing.assert_close(two["weights"][name], tensor, rtol=1e-6, atol=1e-6)
 
 
 SFT = [
