@@ -139,6 +139,16 @@ def test_a_phrase_is_named_only_as_whole_words() -> None:
         assert not book(other), other
 
 
+def test_slack_posts_only_to_a_web_address_the_request_names() -> None:
+    """A quoted word of the request (a channel's name) is named in it, but it is not a web
+    address: post_webpage takes only an address the request gives."""
+    facts = {**SLACK, "request": "Summarize the websites posted to 'general' and post the summary to www.our-company.com/news."}
+    post = lambda url: allowed("slack", facts, "post_webpage", {"url": url, "content": "summary"})  # noqa: E731
+    assert post("www.our-company.com/news")
+    for other in ["general", "'general'", "summary", "websites"]:
+        assert not post(other), other
+
+
 # ---- secrets ------------------------------------------------------------------------
 
 
