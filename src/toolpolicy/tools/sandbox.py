@@ -55,7 +55,9 @@ What a call gets on each platform; `PythonSandbox.isolation` says which column a
               nobody (concurrent calls)                           fork bomb
 
 On every platform: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE and no core dumps (macOS does
-not enforce RLIMIT_AS); an environment of PATH, LANG, HOME, TMPDIR and PWD only (the
+not enforce RLIMIT_AS), with one malloc arena (glibc's further arenas reserve 64 MB of
+address space each, so threads would fail under memory_mb by timing alone); an environment
+of PATH, LANG, HOME, TMPDIR, PWD and MALLOC_ARENA_MAX only (the
 host's variables never reach a worker); the interpreter in isolated mode (-I); the
 wall-clock deadline; output cut to `max_output_chars`, with a note saying how much.
 
