@@ -10,6 +10,7 @@ import torch
 
 from toolpolicy.algorithms import chunked_token_logprobs
 from toolpolicy.model.adapters import reference_mode
+from toolpolicy.model.placement import device_of
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.kv_cache import cache_argument, left_padded
 
@@ -86,7 +87,7 @@ def micro_batches(batch: TokenBatch, size: int, max_tokens: int | None = None) -
 Lockstep = Callable[[int], int]
 """This rank's micro-batches of an optimizer step -> the forward and backward passes it runs:
 as many (`own_count`), or under sharding as many as the rank with the most, since each pass
-of a sharded model is a collective (the extra ones are `padding_pass`es)."""
+of a sharded model is a collective (the extra ones are `padding_passes`)."""
 
 
 def own_count(count: int) -> int:
@@ -94,27 +95,35 @@ def own_count(count: int) -> int:
 
 
 def padding_piece(pad_id: int) -> TokenBatch:
-    """One row of two pad tokens, the second trained on: the micro-batch of a `padding_pass`."""
+    """One row of two pad tokens, the second trained on: the micro-batch of `padding_passes`."""
     ids = torch.tensor([[pad_id, pad_id]])  # [1, 2]
     return TokenBatch(ids, torch.ones_like(ids), ids[:, 1:], torch.ones(1, 1), torch.zeros(1, 1), torch.tensor([1]))
 
 
-def padding_pass(
+def padding_passes(
     model: torch.nn.Module,
     reference: torch.nn.Module | None,
-    piece: TokenBatch,
+    count: int,
+    lockstep: Lockstep,
+    pad_id: int,
     recompute: Recompute,
     temperature: float = 1.0,
     backward: bool = True,
 ) -> None:
-    """The forward passes of a micro-batch (policy and reference) and, with `backward`, a backward
+    """The passes that bring this rank's `count` micro-batches up to `lockstep(count)`: each the
+    forward passes of a `padding_piece` (policy and reference) and, with `backward`, a backward
     pass whose loss is multiplied by 0: a sharded model's collectives, and no change to any gradient."""
-    logprobs, _ = recompute.logprobs(model, piece, temperature)  # [1, 1]
-    if reference is not None:
-        with torch.no_grad(), reference_mode(reference):
-            recompute.logprobs(reference, piece, temperature)
-    if backward:
-        (logprobs.sum() * 0.0).backward()
+    extra = lockstep(count) - count
+    if extra <= 0:
+        return
+    piece = padding_piece(pad_id).to(device_of(model))
+    for _ in range(extra):
+        logprobs, _ = recompute.logprobs(model, piece, temperature)  # [1, 1]
+        if reference is not None:
+            with torch.no_grad(), reference_mode(reference):
+                recompute.logprobs(reference, piece, temperature)
+        if backward:
+            (logprobs.sum() * 0.0).backward()
 
 
 def update_order(group_order: list[int], trajectories: list[Trajectory], size: int) -> list[int]:

@@ -20,7 +20,7 @@ How the ranks hold the model is `model.sharing`, chosen once (SHARINGS):
   backward pass of a block gathers its weights and scatters its summed gradients, so every
   forward and backward is a collective. Every rank therefore runs the same number of
   passes per optimizer step: a rank with fewer micro-batches pads with one-row passes whose
-  loss is multiplied by 0 (`Sharded.lockstep`, `trainer/batch.py:padding_pass`). The
+  loss is multiplied by 0 (`Sharded.lockstep`, `trainer/batch.py:padding_passes`). The
   gradient reduction is a sum (FSDP2's default mean is turned off), and norms for clipping
   are taken over the shards (`clip_gradients`). The sampler and the checkpoints' model
   folder need whole weights: a plain copy is kept beside the shards and refilled one
@@ -299,3 +299,9 @@ SHARINGS: dict[str, Callable[[bool], Replicated | Sharded]] = {
     "replicate": lambda offload: Replicated(),
     "shard": lambda offload: Sharded(offload),
 }
+
+
+def sharing_of(name: str, offload: bool, world: World) -> Replicated | Sharded:
+    """How this run's processes hold the model: `model.sharing` (`name`) under torchrun; one
+    process has nothing to share, so it replicates whatever the config says."""
+    return SHARINGS[name if world.size > 1 else "replicate"](offload)

@@ -65,8 +65,7 @@ from toolpolicy.trainer.batch import (
     collate,
     micro_batches,
     own_count,
-    padding_pass,
-    padding_piece,
+    padding_passes,
     update_order,
 )
 from toolpolicy.trainer.checkpoint import MetricsLog, Restored, restore_state, resume_from, save_checkpoint, save_final
@@ -80,7 +79,7 @@ from toolpolicy.trainer.credit import (
     reward_matrix,
     update_mask,
 )
-from toolpolicy.trainer.distributed import SHARINGS, Replicated, Sharded, World, clip_gradients
+from toolpolicy.trainer.distributed import Replicated, Sharded, World, clip_gradients, sharing_of
 from toolpolicy.trainer.replay import SuccessReplay
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine, save_start, saved_start
 from toolpolicy.trainer.teacher import DistilledCredit, Teacher, same_vocabulary
@@ -283,13 +282,12 @@ def policy_update(
     sampled, when earlier optimizer steps on this batch have moved the model since (TIS
     takes pi_old from them); None: the ones computed here are those.
     lockstep: the forward and backward passes to run in all, from the number of micro-batches:
-    under sharding as many as the rank with the most, the extra ones `padding_pass`es of `pad_id`."""
+    under sharding as many as the rank with the most, the extra ones `padding_passes` of `pad_id`."""
     sums = dict.fromkeys(UPDATE_SUMS + UPDATE_MAXIMA, 0.0)
     recomputed: list[Tensor] = []
     pieces = micro_batches(batch, micro_batch_size, micro_batch_tokens) if batch is not None else []
     device = device_of(model)
-    for _ in range(lockstep(len(pieces)) - len(pieces)):
-        padding_pass(model, reference, padding_piece(pad_id).to(device), recompute, temperature)
+    padding_passes(model, reference, len(pieces), lockstep, pad_id, recompute, temperature)
     if batch is None:
         return Update(sums, recomputed)
     total_tokens, total_sequences = totals or Totals(float(batch.loss_mask.sum()), float(batch.input_ids.shape[0]))
@@ -372,8 +370,8 @@ def trainer_before(learner: Learner, trajectories: list[Trajectory], episodes: l
     device = device_of(learner.model)
     learner.model.eval()
     with torch.no_grad():
-        for _ in range(learner.sharing.lockstep(learner.world)(len(pieces)) - len(pieces)):
-            padding_pass(learner.model, None, padding_piece(learner.pad_id).to(device), learner.recompute, s.temperature, backward=False)
+        lockstep = learner.sharing.lockstep(learner.world)
+        padding_passes(learner.model, None, len(pieces), lockstep, learner.pad_id, learner.recompute, s.temperature, backward=False)
         for rows, piece in pieces:
             piece = piece.to(device)
             values, _ = learner.recompute.logprobs(learner.model, piece, s.temperature)  # [b, l]
@@ -576,7 +574,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     world = World.from_environment(resolve_device(cfg.model.device))
     policy = trainable_policy(cfg.model, checkpoint or rl.init_from, phase_dir, checkpoint is not None, cfg.run.seed, world.main, world.barrier)
     model = policy.model
-    sharing = SHARINGS[cfg.model.sharing if world.size > 1 else "replicate"](cfg.model.shard_offload)
+    sharing = sharing_of(cfg.model.sharing, cfg.model.shard_offload, world)
     whole = sharing.place(model, world)  # the weights that sample and are saved: `model`, or a copy beside its shards
     reference = None
     if cfg.algorithm.beta > 0 or cfg.algorithm.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from

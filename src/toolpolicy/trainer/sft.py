@@ -32,10 +32,10 @@ from toolpolicy.checks import check_processes
 from toolpolicy.config import Config
 from toolpolicy.model.placement import device_of, memory_metrics, resolve_device
 from toolpolicy.rollout import Trajectory
-from toolpolicy.trainer.batch import FULL_SEQUENCES, Lockstep, Recompute, collate, micro_batches, own_count, padding_pass, padding_piece
+from toolpolicy.trainer.batch import FULL_SEQUENCES, Lockstep, Recompute, collate, micro_batches, own_count, padding_passes
 from toolpolicy.trainer.checkpoint import MetricsLog, restore_state, resume_from, save_checkpoint, save_final
 from toolpolicy.trainer.demonstrations import build_embedded, sft_examples, within_prompt_budget
-from toolpolicy.trainer.distributed import SHARINGS, World, clip_gradients
+from toolpolicy.trainer.distributed import World, clip_gradients, sharing_of
 from toolpolicy.trainer.trackers import open_trackers
 
 
@@ -82,8 +82,7 @@ def sft_loss(
     total_tokens = total_tokens if total_tokens is not None else float(batch.loss_mask.sum()) if batch is not None else 1.0
     total = 0.0
     device = device_of(model)
-    for _ in range(lockstep(len(pieces)) - len(pieces)):
-        padding_pass(model, None, padding_piece(pad_id).to(device), recompute)
+    padding_passes(model, None, len(pieces), lockstep, pad_id, recompute)
     for _, piece in pieces:
         piece = piece.to(device)
         logprobs, _ = recompute.logprobs(model, piece)  # [b, l]
@@ -105,7 +104,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     checkpoint = resume_from(phase_dir) if resume else None
     policy = trainable_policy(cfg.model, checkpoint or base, phase_dir, checkpoint is not None, cfg.run.seed, world.main, world.barrier)
     model = policy.model
-    sharing = SHARINGS[cfg.model.sharing if world.size > 1 else "replicate"](cfg.model.shard_offload)
+    sharing = sharing_of(cfg.model.sharing, cfg.model.shard_offload, world)
     whole = sharing.place(model, world)  # the weights saved: `model`, or a copy beside its shards
     recompute = replace(FULL_SEQUENCES, logprobs=sharing.logprobs(FULL_SEQUENCES.logprobs))
     examples = sft_examples(cfg, cfg.sft.examples, policy.chat, policy.encode, policy.decode, "sft")
@@ -150,8 +149,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 world=world, shards=sharing.shards(model, optimizer),
             )
             world.barrier()  # no rank runs ahead of a checkpoint it may resume from
-    log.close()
-    sharing.refresh(model, whole)
+    log.close()  # `whole` holds the last step's weights: its checkpoint refreshed it (or, resumed at the end, it was loaded so)
     final = save_final(phase_dir, whole, policy.tokenizer) if world.main else phase_dir / "final"
     world.barrier()
     world.close()
