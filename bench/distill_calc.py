@@ -45,9 +45,9 @@ EVAL_TASKS, EVAL_SAMPLES = 300, 2
 WITHIN = 0.02
 
 
-def toolpolicy(command: str, run_dir: Path, settings: dict[str, Any], threads: int, *extra: str) -> float:
-    """Run `toolpolicy COMMAND demo.yaml` with `settings` in a process of its own; its wall seconds."""
-    args = [sys.executable, "-m", "toolpolicy", command, str(CONFIG), *extra]
+def toolpolicy(command: str, run_dir: Path, settings: dict[str, Any], threads: int, *extra: str, config: Path = CONFIG) -> float:
+    """Run `toolpolicy COMMAND CONFIG` (demo.yaml) with `settings` in a process of its own; its wall seconds."""
+    args = [sys.executable, "-m", "toolpolicy", command, str(config), *extra]
     for key, value in {"run.dir": run_dir, "run.threads": threads, **settings}.items():
         args += ["--set", f"{key}={value}"]
     began = time.perf_counter()
@@ -60,22 +60,27 @@ def rl_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [row for row in rows if row["phase"] == "rl"]
 
 
-def accuracy(work: Path, name: str, checkpoint: Path, settings: dict[str, Any], threads: int) -> float:
-    """Held-out accuracy of `checkpoint` (cached in WORK/eval/NAME.json)."""
+def accuracy(
+    work: Path, name: str, checkpoint: Path, settings: dict[str, Any], threads: int, config: Path = CONFIG,
+    tasks: int = EVAL_TASKS, samples: int = EVAL_SAMPLES,
+) -> float:
+    """Held-out accuracy of `checkpoint` on `tasks` eval tasks x `samples` (cached in WORK/eval/NAME.json)."""
     summary = work / "eval" / "eval" / f"{name}.json"
     if not summary.exists():
-        evaluated = {**settings, "eval.checkpoint": checkpoint, "eval.tasks": EVAL_TASKS, "eval.samples": EVAL_SAMPLES}
-        toolpolicy("eval", work / "eval", evaluated, threads, "--name", name)
+        evaluated = {**settings, "eval.checkpoint": checkpoint, "eval.tasks": tasks, "eval.samples": samples}
+        toolpolicy("eval", work / "eval", evaluated, threads, "--name", name, config=config)
     return float(json.loads(summary.read_text())["accuracy"])
 
 
-def rl_run(work: Path, name: str, start: Path, steps: int, settings: dict[str, Any], threads: int) -> dict[str, Any]:
+def rl_run(
+    work: Path, name: str, start: Path, steps: int, settings: dict[str, Any], threads: int, config: Path = CONFIG
+) -> dict[str, Any]:
     """RL from `start` with a checkpoint every EVERY steps, all kept (unless it ran already)."""
     run_dir = work / name
     if not (run_dir / "rl" / "final").exists():
         kept = {"rl.init_from": start, "rl.steps": steps, "run.checkpoint_every": EVERY, "run.keep_checkpoints": steps // EVERY + 1,
                 "rl.store_rollouts": False, **settings}
-        toolpolicy("train", run_dir, kept, threads)
+        toolpolicy("train", run_dir, kept, threads, config=config)
     rows = rl_rows(run_dir)
     return {
         "steps": len(rows),

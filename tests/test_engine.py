@@ -126,6 +126,28 @@ def test_rollout_logprobs_match_trainer_recompute_on_multi_turn(smoke_run):
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4), float((ratio - 1).abs().max())
 
 
+def test_branched_episodes_keep_contract_one(smoke_run):
+    """Continuations of multi-turn episodes after their first turn (rollout/branch.py): the trainer's
+    log-probs, through the shared-prompt path that runs each prefix once, equal the sampler's."""
+    from toolpolicy.rollout.branch import Branch
+    from toolpolicy.trainer.batch import SHARED_PROMPTS
+
+    policy = PolicyModel.load(smoke_run / "sft" / "final")
+    backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
+    engine = RolloutEngine(CalcEnv(), policy.chat, policy.encode, policy.decode, backend, EpisodeLimits())
+    parents = [t for t in engine.run([t for t in CalcEnv().tasks("eval", 16, seed=5) for _ in range(2)]) if len(t.turn_spans) >= 2]
+    assert len(parents) >= 3, "the SFT model should call the tool in some episodes"
+    branches = [Branch(t, 1) for t in parents[:3] for _ in range(2)]
+    children = engine.run([b.trajectory.episode.task for b in branches], branches=branches)
+    assert all(c.token_ids[: b.cut] == b.trajectory.token_ids[: b.cut] and c.sampled_tokens > 0 for b, c in zip(branches, children))
+    assert all(c.prompt_len == b.cut and sum(c.loss_mask[: b.cut]) == 0 for b, c in zip(branches, children))
+    batch = collate(children, policy.pad_id)
+    with torch.no_grad():
+        recomputed, _ = SHARED_PROMPTS.logprobs(policy.model, batch, 1.0)
+    mask = batch.loss_mask.bool()
+    assert torch.allclose(recomputed[mask], batch.old_logprobs[mask], atol=1e-4), float((recomputed[mask] - batch.old_logprobs[mask]).abs().max())
+
+
 def test_gate_denial_becomes_an_observation_and_the_tool_never_runs(tmp_path):
     from toolpolicy.gate import AuditLog, Gate, Policy, verify
 

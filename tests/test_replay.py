@@ -127,15 +127,12 @@ def test_replay_in_training_resumes_exactly(tmp_path) -> None:
     """calc from the shipped SFT model on a pool of 3 tasks: some groups fail after their task
     was solved and get the stored success; a run killed right after its step-2 checkpoint and
     resumed logs the same steps as one that was not (the store comes back from the checkpoint)."""
-    import json
-    import subprocess
-    import sys
     from pathlib import Path
 
     from toolpolicy.cli import main
 
     from conftest import SMOKE
-    from test_resume import CALC_SFT, DRIVER, KILLERS, _metrics
+    from test_resume import CALC_SFT, _kill_then_resume, _metrics
 
     # One thread in this process and in the killed one, whatever earlier tests set: the same sums.
     settings = [f"rl.init_from={CALC_SFT}", "rl.steps=6", "run.checkpoint_every=2", "algorithm.replay=true",
@@ -145,11 +142,6 @@ def test_replay_in_training_resumes_exactly(tmp_path) -> None:
     assert main([*command, "--set", f"run.dir={tmp_path / 'straight'}"]) == 0
     straight = _metrics(tmp_path / "straight", "rl")
     assert sum(r["replayed_episodes"] for r in straight) > 0, [r["replayed_episodes"] for r in straight]
-    module, attribute, when, after = KILLERS["rl-after-checkpoint"]
-    moment = json.dumps([[module, attribute], when, after])
-    killed = subprocess.run([sys.executable, "-c", DRIVER, moment, *command, "--set", f"run.dir={tmp_path / 'killed'}"],
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    assert main(["train", "--resume", str(tmp_path / "killed")]) == 0
+    _kill_then_resume("rl-after-checkpoint", command, tmp_path / "killed")
     assert _metrics(tmp_path / "killed", "rl") == straight
     assert Path(tmp_path / "killed" / "rl" / "checkpoints").exists()

@@ -404,6 +404,15 @@ class AlgorithmSection(Section):
     """Success replay (SPEAR): a group whose episodes all failed gets the last stored success of
     its task in place of its last episode, weighted as a stale rollout by the ratio of the
     current policy to the one that sampled it (toolpolicy.trainer.replay)."""
+    branch: Literal["none", "fission", "entropy"] = "none"
+    """Branched groups each step (toolpolicy.trainer.branching): rl.group_size continuations of
+    a prefix of one of the step's episodes, compared with each other alone. fission: the
+    prefix ends with an error observation (a malformed call, a tool error, a denial), so
+    recovery learns (Fission-GRPO); entropy: with the tool result after which the policy's
+    first tokens are most uncertain (ARPO). The prefix is not trained again."""
+    branch_groups: int = Field(2, ge=1)
+    """algorithm.branch: branched groups per step, at most (fewer when fewer episodes have a
+    place to branch), sampled after the step's own groups."""
 
 
 class OptimSection(Section):

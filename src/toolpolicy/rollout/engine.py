@@ -28,6 +28,7 @@ from toolpolicy.chat import ChatTemplate, ParsedTurn, cut_at_stop
 from toolpolicy.envs.base import Env, Session, listed_specs, open_session, run_admitted
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
+from toolpolicy.rollout.branch import Branch, quiet, replay_prefix
 from toolpolicy.rollout.dropped import tool_failure
 from toolpolicy.rollout.trajectory import Trajectory
 from toolpolicy.types import Episode, Event, Message, Task
@@ -201,16 +202,28 @@ class GatedLoop:
         self.gate = gate if gate is not None else Gate(allow_all_policy(), env.tools)
         self.limits = limits
 
-    def loop(self, episodes: list[Episode], take_turn: TakeTurn, progress: str | None, figures: Figures | None = None) -> None:
+    def loop(
+        self, episodes: list[Episode], take_turn: TakeTurn, progress: str | None, figures: Figures | None = None,
+        taken: list[int] | None = None,
+    ) -> None:
         """Open a session per episode and run turns until every episode ended or
         max_turns is spent (those still calling tools are truncated). The bar counts
-        ended episodes and shows `figures` of them (their sessions already finished)."""
+        ended episodes and shows `figures` of them (their sessions already finished).
+        `taken`: turns each episode took before (a branch's prefix), which count toward
+        max_turns; `take_turn`'s turn is the loop's round, the same for every episode."""
+        taken = taken if taken is not None else [0] * len(episodes)
 
         def turns(sessions: list[Session], finish: Callable[[int], None]) -> None:
             live = list(range(len(episodes)))
             ended: list[Episode] = []
             bar = tqdm(total=len(episodes), desc=progress, leave=False, disable=progress is None)
             for turn in range(self.limits.max_turns):
+                spent = [i for i in live if taken[i] + turn >= self.limits.max_turns]
+                for i in spent:
+                    truncate(episodes[i], self.limits.max_turns, "max_turns")
+                    finish(i)
+                bar.update(len(spent))
+                live = [i for i in live if taken[i] + turn < self.limits.max_turns]
                 if not live:
                     break
                 going = take_turn(sessions, live, turn)
@@ -276,44 +289,65 @@ class RolloutEngine(GatedLoop):
 
     def run(
         self, tasks: list[Task], progress: str | None = None, seeds: list[int] | list[None] | None = None,
-        figures: Figures | None = None,
+        figures: Figures | None = None, branches: list[Branch | None] | None = None,
     ) -> list[Trajectory]:
         """One episode per task (repeat a task in `tasks` to sample a group). With `seeds`,
         episode i samples from its own stream seeded with seeds[i], so its tokens do not
-        depend on the other episodes of the batch (backends that support it: hf)."""
-        trajectories = [self.start(task) for task in tasks]
+        depend on the other episodes of the batch (backends that support it: hf). With
+        `branches`, episode i continues branches[i] (of its task) where it is not None: its
+        session first replays the prefix (rollout/branch.py), then it samples from there."""
+        branches = branches if branches is not None else [None] * len(tasks)
+        trajectories = [self.start(task) if b is None else b.start() for task, b in zip(tasks, branches)]
+        spent = [0 if b is None else b.spent for b in branches]  # tokens of the budget each prefix used
         ledgers = [opening_ledger(task) for task in tasks]
         seeds = seeds if seeds is not None else [None] * len(tasks)
 
         def take_turn(sessions: list[Session], live: list[int], turn: int) -> list[bool]:
+            ready = [self._replay(branches[i], sessions[i], ledgers[i], trajectories[i]) if turn == 0 else True for i in live]
+            acting = [i for i, ok in zip(live, ready) if ok]  # a branch whose prefix did not replay has ended
             budget = self.limits
             requests = [
                 GenRequest(
-                    i, trajectories[i].token_ids, min(budget.max_turn_tokens, budget.max_tokens - trajectories[i].response_len),
-                    seeds[i],
+                    i, trajectories[i].token_ids,
+                    min(budget.max_turn_tokens, budget.max_tokens - spent[i] - trajectories[i].response_len), seeds[i],
                 )
-                for i in live
+                for i in acting
             ]
-            generations = self.backend.generate(requests)
+            generations = self.backend.generate(requests) if requests else []
             texts = [self.decode(g.ids) for g in generations]
 
             def act_on(k: int) -> list[Message] | None:
-                i = live[k]
-                return self._act(trajectories[i], ledgers[i], sessions[i], generations[k], texts[k], turn)
+                i = acting[k]
+                return self._act(trajectories[i], ledgers[i], sessions[i], generations[k], texts[k], turn + taken[i])
 
-            followed = list(pool.map(act_on, range(len(live))) if pool else map(act_on, range(len(live))))
-            return [self._append(trajectories[i], after, turn) for i, after in zip(live, followed)]
+            followed = list(pool.map(act_on, range(len(acting))) if pool else map(act_on, range(len(acting))))
+            going = dict.fromkeys(live, False)
+            going.update((i, self._append(trajectories[i], after, turn + taken[i], spent[i])) for i, after in zip(acting, followed))
+            return [going[i] for i in live]
 
+        taken = [0 if b is None else b.turns for b in branches]
         pool = ThreadPoolExecutor(self.tool_workers, thread_name_prefix="tools") if self.tool_workers > 1 else None
         try:
-            self.loop([t.episode for t in trajectories], take_turn, progress, figures)
+            self.loop([t.episode for t in trajectories], take_turn, progress, figures, taken)
         finally:
             self.backend.forget()  # the episodes ended; their keys are reused by the next batch
             if pool is not None:
                 pool.shutdown()
-        for t in trajectories:
-            t.episode.response_tokens = t.response_len
+        for t, used in zip(trajectories, spent):
+            t.episode.response_tokens = used + t.response_len
         return trajectories
+
+    def _replay(self, branch: Branch | None, session: Session, ledger: Ledger, trajectory: Trajectory) -> bool:
+        """Bring a branch's fresh session and ledger to its prefix's end; False (the episode
+        marked an infrastructure error) when that fails. True for an episode that is no branch."""
+        if branch is None:
+            return True
+        try:
+            problem = replay_prefix(session, quiet(self.gate), ledger, trajectory.episode.messages)
+        except Exception as error:
+            problem = f"branch: replaying the prefix failed: {type(error).__name__}: {error}"
+        trajectory.episode.infra_error = problem
+        return problem is None
 
     def _act(
         self, trajectory: Trajectory, ledger: Ledger, session: Session, generation: Generation, text: str, turn: int
@@ -331,14 +365,15 @@ class RolloutEngine(GatedLoop):
             episode, session, *observe(text, self.template, session, self.gate, ledger, turn, self.limits.max_call_chars)
         )
 
-    def _append(self, trajectory: Trajectory, observations: list[Message] | None, turn: int) -> bool:
-        """Append the observation fragment that follows a turn; return whether the episode goes on."""
+    def _append(self, trajectory: Trajectory, observations: list[Message] | None, turn: int, spent: int = 0) -> bool:
+        """Append the observation fragment that follows a turn; return whether the episode goes on.
+        `spent`: tokens of the budget used before the trajectory's prompt ended (a branch's prefix)."""
         if observations is None:
             return False
         episode = trajectory.episode
         fragment = self.encode(self.template.render_observation(observations, after=episode.messages[-1]))
         episode.messages.extend(observations)
-        if trajectory.response_len + len(fragment) >= self.limits.max_tokens:
+        if spent + trajectory.response_len + len(fragment) >= self.limits.max_tokens:
             truncate(episode, turn, "max_tokens")
             return False
         trajectory.append(fragment, sampled=False)

@@ -7,7 +7,10 @@ advantages, keep the groups that carry a signal for the estimator (DAPO dynamic
 sampling, refilled up to algorithm.max_refill_rounds) and the episodes the filters keep,
 and take policy-gradient steps on the sampled tokens: `algorithm.update_passes` passes
 over them, each cut into `algorithm.mini_batches` optimizer steps on runs of whole groups
-(one step by default; `train_on_batch`). A run in which no group carries a signal for
+(one step by default; `train_on_batch`). With `algorithm.branch`, up to
+`algorithm.branch_groups` more groups continue the step's episodes from inside them (after an
+error, or where the policy is most uncertain after a tool result; `branch_groups`,
+trainer/branching.py). A run in which no group carries a signal for
 `rl.max_idle_steps` steps in a row has nothing to learn from and stops (TrainingStalled).
 
 The objective (estimator, ratio level, KL estimator, aggregation), the credit
@@ -52,6 +55,7 @@ from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics, resolve_device
 from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
+from toolpolicy.rollout.branch import Branch
 from toolpolicy.rollout.backends import CAPABILITIES, Capabilities
 from toolpolicy.rollout.dropped import dropped_line, dropped_metrics
 from toolpolicy.rollout.engine import Encode, prompt_ids
@@ -80,6 +84,7 @@ from toolpolicy.trainer.credit import (
     update_mask,
 )
 from toolpolicy.trainer.distributed import Replicated, Sharded, World, clip_gradients, sharing_of
+from toolpolicy.trainer.branching import PICKERS, Picker, choose
 from toolpolicy.trainer.replay import SuccessReplay
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine, save_start, saved_start
 from toolpolicy.trainer.teacher import DistilledCredit, Teacher, same_vocabulary
@@ -152,6 +157,8 @@ class StepRollouts:
     refill_rounds: int
     replayed: Tensor
     """[B] bool: episodes a stored success stands in for (success replay); not sampled this step."""
+    branched: Tensor
+    """[B] bool: episodes of branched groups (algorithm.branch), sampled from inside another episode."""
 
 
 def draw_tasks(env: Env, n: int, seed: int, fits: Callable[[Task], bool] | None) -> list[Task]:
@@ -225,7 +232,45 @@ def sample_groups(
         if not sampling.dynamic or int(signal.sum()) >= sampling.prompts:
             break
     groups = first_groups(signal, sampling.prompts) if sampling.dynamic else torch.ones_like(signal)  # [G]
-    return StepRollouts(trajectories, scores, rewards, weights, usable, signal, groups, refill, torch.tensor(replayed, dtype=torch.bool))
+    return StepRollouts(
+        trajectories, scores, rewards, weights, usable, signal, groups, refill, torch.tensor(replayed, dtype=torch.bool),
+        torch.zeros(len(trajectories), dtype=torch.bool),
+    )
+
+
+BRANCH_ROUND = 1_000
+"""The refill index of a step's branched episodes' seeds: beyond any refill round."""
+
+
+def branch_groups(
+    rollouts: Rollouts, rubric: Rubric, credit: Credit, sampling: Sampling, step: int, sampled: StepRollouts, pick: Picker,
+    count: int,
+) -> StepRollouts:
+    """`sampled` with up to `count` branched groups after its own (trainer/branching.py): `pick`
+    scores the places where its freshly sampled, usable episodes may branch, the best `count`
+    each get group_size continuations, kept (with dynamic sampling) if they carry a signal."""
+    size = sampling.group_size
+    eligible = (sampled.usable & ~sampled.replayed).tolist()  # [B]
+    rng = random.Random(train_seed(sampling.seed, step, BRANCH_ROUND))
+    points = choose(pick(sampled.trajectories, eligible), count, rng)
+    if not points:
+        return sampled
+    branches = [Branch(sampled.trajectories[i], turns) for i, turns in points for _ in range(size)]
+    tasks = [b.trajectory.episode.task for b in branches]
+    seeds = [episode_seed(sampling.seed, step, BRANCH_ROUND, j) for j in range(len(tasks))] if sampling.episode_streams else None
+    scored = rollouts.submit(tasks, seeds, size, branches)()
+    trajectories = sampled.trajectories + [t for t, _ in scored]
+    scores = sampled.scores + [score for _, score in scored]
+    usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
+    rewards, weights = reward_matrix(rubric, scores, usable, size)  # [B, C], [C]
+    signal = credit.signal(trajectories, rewards, weights, size)  # [G]
+    own = signal[len(sampled.signal) :]  # [points]
+    groups = torch.cat([sampled.groups, own if sampling.dynamic else torch.ones_like(own)])  # [G]
+    added = torch.ones(len(scored), dtype=torch.bool)
+    return replace(
+        sampled, trajectories=trajectories, scores=scores, rewards=rewards, weights=weights, usable=usable, signal=signal,
+        groups=groups, replayed=torch.cat([sampled.replayed, ~added]), branched=torch.cat([sampled.branched, added]),
+    )
 
 
 UPDATE_SUMS = (
@@ -648,6 +693,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             version, first = ahead.popleft()
             staleness = updates - version  # batches' updates the first round's sampler had not seen
             sampled = sample_groups(pool, rubric, credit, sampling, step, first, replay)
+            if cfg.algorithm.branch != "none":
+                sampled = branch_groups(pool, rubric, credit, sampling, step, sampled, PICKERS[cfg.algorithm.branch], cfg.algorithm.branch_groups)
             trajectories = sampled.trajectories
             rollout_time = time.perf_counter() - began
             check_dropped(trajectories, step, world.main)
@@ -676,9 +723,13 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 pool.sync(whole)  # a sampler with its own copy of the weights gets the new ones
 
             # 4. Log and checkpoint.
-            fresh = [i for i, stand_in in enumerate(sampled.replayed.tolist()) if not stand_in]  # sampled this step
+            elsewhere = (sampled.replayed | sampled.branched).tolist()
+            fresh = [i for i, other in enumerate(elsewhere) if not other]  # sampled this step from the task's start
             fresh_metrics = rollout_metrics([trajectories[i] for i in fresh], [sampled.scores[i] for i in fresh], success)
             record = {"phase": "rl", "step": step + 1, **fresh_metrics, **update}
+            record["sampled_tokens"] = sum(t.sampled_tokens for t, stand_in in zip(trajectories, sampled.replayed.tolist()) if not stand_in)
+            if cfg.algorithm.branch != "none":
+                record.update(branch_metrics(sampled, rl.group_size, success))
             signal_groups = int((sampled.groups & sampled.signal).sum())
             record.update({"kept_groups": int(sampled.groups.sum()), "signal_groups": signal_groups})
             record["trained_episodes"] = len(order)
@@ -727,6 +778,19 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     world.barrier()
     world.close()
     return final
+
+
+def branch_metrics(sampled: StepRollouts, group_size: int, success: RewardFunction) -> dict[str, float]:
+    """The branched groups' figures: how many, how many carried a signal, and the share of their
+    usable episodes that succeeded (after an error prefix: the recovery rate)."""
+    rows = torch.nonzero(sampled.branched).flatten().tolist()
+    groups = sorted({i // group_size for i in rows})
+    solved = [success(sampled.trajectories[i].episode) == 1.0 for i in rows if sampled.usable[i]]
+    return {
+        "branch/groups": len(groups),
+        "branch/signal_groups": int(sampled.signal[groups].sum()) if groups else 0,
+        "branch/accuracy": sum(solved) / len(solved) if solved else 0.0,
+    }
 
 
 def check_dropped(trajectories: list[Trajectory], step: int, say: bool) -> None:

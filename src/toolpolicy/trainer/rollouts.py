@@ -40,6 +40,7 @@ from toolpolicy.gate import AuditLog
 from toolpolicy.model import PolicyModel
 from toolpolicy.rewards import Score
 from toolpolicy.rollout import RolloutEngine, Trajectory
+from toolpolicy.rollout.branch import Branch
 from toolpolicy.trainer.distributed import World
 from toolpolicy.types import Task
 
@@ -49,6 +50,8 @@ RolloutState = dict[str, dict[str, Any]]
 START_FILE = "rollout_start.json"
 
 Scored = list[tuple[Trajectory, Score]]
+Branches = list[Branch | None] | None
+"""Per episode of a round, the prefix it continues (None: from its task's start)."""
 Pending = Callable[[], Scored]
 """A submitted round of episodes: call it to wait for them."""
 
@@ -57,9 +60,10 @@ class Rollouts(Protocol):
     env: Env
     """The environment, for the step's tasks and its success reward."""
 
-    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Pending:
+    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int, branches: Branches = None) -> Pending:
         """Start one scored episode per task (groups contiguous); the result holds all of
-        them, in order. A round sees the weights of every `sync` called before it."""
+        them, in order. A round sees the weights of every `sync` called before it. With
+        `branches`, episode i continues branches[i] (rollout/branch.py)."""
         ...
 
     def sync(self, model: torch.nn.Module) -> None:
@@ -113,9 +117,10 @@ def save_start(phase_dir: Path, state: RolloutState) -> None:
 
 
 def score_all(
-    engine: RolloutEngine, rubric: Any, tasks: list[Task], seeds: list[int] | None, progress: str | None = None
+    engine: RolloutEngine, rubric: Any, tasks: list[Task], seeds: list[int] | None, progress: str | None = None,
+    branches: Branches = None,
 ) -> Scored:
-    return [(t, rubric.score(t.episode)) for t in engine.run(tasks, seeds=seeds, progress=progress)]
+    return [(t, rubric.score(t.episode)) for t in engine.run(tasks, seeds=seeds, progress=progress, branches=branches)]
 
 
 class LocalRollouts:
@@ -133,12 +138,15 @@ class LocalRollouts:
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="rollout") if sampler is not None else None
         self.progress = "rollout" if world.main and sampler is None else None
 
-    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Pending:
+    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int, branches: Branches = None) -> Pending:
         groups = self.world.share(len(tasks) // group_size)
         mine = slice(groups.start * group_size, groups.stop * group_size)
 
         def run() -> Scored:
-            return score_all(self.engine, self.rubric, tasks[mine], seeds[mine] if seeds else None, self.progress)
+            return score_all(
+                self.engine, self.rubric, tasks[mine], seeds[mine] if seeds else None, self.progress,
+                branches[mine] if branches else None,
+            )
 
         if self.thread is None:
             scored = self.world.gather(run())
@@ -178,8 +186,8 @@ class RolloutWorker:
         self.engine = open_engine(cfg, self.policy, generator, Path(run_dir), f"worker{index}", restored)
         self.rubric = build_rubric(cfg.rewards, self.engine.env.default_rewards)
 
-    def run(self, tasks: list[Task], seeds: list[int] | None) -> Scored:
-        return score_all(self.engine, self.rubric, tasks, seeds)
+    def run(self, tasks: list[Task], seeds: list[int] | None, branches: Branches = None) -> Scored:
+        return score_all(self.engine, self.rubric, tasks, seeds, branches=branches)
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         self.policy.model.load_state_dict(state)
@@ -213,10 +221,13 @@ class RayRollouts:
         ray.get([w.counts.remote() for w in self.workers])  # built (or their error raised) before the first step
         self.env = build_env(cfg.env)
 
-    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int) -> Pending:
+    def submit(self, tasks: list[Task], seeds: list[int] | None, group_size: int, branches: Branches = None) -> Pending:
         shares = [World(k, len(self.workers)).share(len(tasks) // group_size) for k in range(len(self.workers))]
         parts = [slice(s.start * group_size, s.stop * group_size) for s in shares]
-        pending = [w.run.remote(tasks[p], seeds[p] if seeds else None) for w, p in zip(self.workers, parts)]
+        pending = [
+            w.run.remote(tasks[p], seeds[p] if seeds else None, branches[p] if branches else None)
+            for w, p in zip(self.workers, parts)
+        ]
         return lambda: [pair for part in self.ray.get(pending) for pair in part]
 
     def sync(self, model: torch.nn.Module) -> None:

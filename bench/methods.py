@@ -1,0 +1,113 @@
+"""Rollout methods against GRPO: fission, entropy-guided branching and success replay, several seeds.
+
+    .venv/bin/python bench/methods.py --env calc [--seeds 0 1 2] [--steps N] [--threads 2]
+        [--methods grpo fission entropy replay] [--work runs/methods-calc] [--out bench/results/methods_calc.json]
+    .venv/bin/python bench/methods.py --env hotel ...
+
+Every run is RL from the environment's shipped SFT checkpoint with its config (ENVS), the same
+seeds, steps and task pool (`rl.task_pool`, so that replay has tasks that come back), and
+the same number of episodes a step: GRPO samples `prompts` groups of the config's size; a
+branching method samples `prompts - BRANCH_GROUPS` groups from the task's start and up to
+BRANCH_GROUPS branched groups from inside them (trainer/branching.py). A branch starts
+mid-episode, so it samples fewer tokens than a whole episode: each run's sampled tokens are
+in the file, and a branching method is compared at no more tokens than GRPO's. Wall time
+is the sum of the steps' `time/step`.
+
+Held-out accuracy: the environment's EVAL tasks x samples of each final model, the same
+tasks for every run; the mean over seeds with a 95% t interval, and each method's paired
+difference to GRPO over seeds (same seed, same task draws) with its interval. Runs and
+evaluations already done are not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from distill_calc import ROOT, accuracy, rl_rows, rl_run  # bench/ is on the path of a script run from it
+from replay_calc import interval
+from result_file import write_result
+
+CONFIGS = ROOT / "src" / "toolpolicy" / "configs"
+ENVS: dict[str, dict[str, Any]] = {
+    "calc": {"config": CONFIGS / "demo.yaml", "start": ROOT / "checkpoints" / "calc-sft", "prompts": 12, "pool": 48,
+             "steps": 60, "eval": (300, 2)},
+    "hotel": {"config": CONFIGS / "ablation_hotel.yaml", "start": ROOT / "checkpoints" / "hotel-sft-breaks20", "prompts": 4,
+              "pool": 24, "steps": 30, "eval": (30, 4)},
+}  # fmt: skip
+BRANCH_GROUPS = 2
+
+
+def methods(prompts: int) -> dict[str, dict[str, Any]]:
+    """Each method's settings, at `prompts` episodes' groups a step."""
+    branched = {"rl.prompts_per_step": prompts - BRANCH_GROUPS, "algorithm.branch_groups": BRANCH_GROUPS}
+    return {
+        "grpo": {"rl.prompts_per_step": prompts},
+        "fission": {**branched, "algorithm.branch": "fission"},
+        "entropy": {**branched, "algorithm.branch": "entropy"},
+        "replay": {"rl.prompts_per_step": prompts, "algorithm.replay": True},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", choices=sorted(ENVS), required=True)
+    parser.add_argument("--work", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, help="RL steps of each run (default: the environment's)")
+    parser.add_argument("--methods", nargs="+", default=["grpo", "fission", "entropy", "replay"])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    env = ENVS[args.env]
+    work = args.work or ROOT / "runs" / f"methods-{args.env}"
+    out = args.out or ROOT / "bench" / "results" / f"methods_{args.env}.json"
+    table = methods(env["prompts"])
+    tasks, samples = env["eval"]
+    steps = args.steps or env["steps"]
+
+    def held_out(name: str, checkpoint: Path) -> float:
+        return accuracy(work, name, checkpoint, {}, args.threads, env["config"], tasks, samples)
+
+    start_accuracy = held_out("start", env["start"])
+    runs: dict[str, list[dict[str, Any]]] = {method: [] for method in args.methods}
+    for seed in args.seeds:
+        for method in args.methods:
+            name = f"{method}-seed{seed}"
+            settings = {"run.seed": seed, "rl.task_pool": env["pool"], **table[method]}
+            run = rl_run(work, name, env["start"], steps, settings, args.threads, env["config"])
+            run["held_out"] = held_out(name, work / name / "rl" / "final")
+            rows = rl_rows(work / name)
+            run.update({
+                "seed": seed,
+                "sampled_tokens": sum(r["sampled_tokens"] for r in rows),
+                "branch_groups": sum(r.get("branch/groups", 0) for r in rows),
+                "branch_signal_groups": sum(r.get("branch/signal_groups", 0) for r in rows),
+                "replayed_episodes": sum(r.get("replayed_episodes", 0) for r in rows),
+                "signal_groups": sum(r["signal_groups"] for r in rows),
+            })
+            run.pop("reverse_kl", None)
+            runs[method].append(run)
+            print(f"{name}: held-out {run['held_out']:.3f}, {run['sampled_tokens']} tokens, {run['wall_seconds']:.0f} s", flush=True)
+    summary = {}
+    for method, done in runs.items():
+        summary[method] = {
+            "held_out": interval([r["held_out"] for r in done]),
+            "minus_grpo": interval([r["held_out"] - g["held_out"] for r, g in zip(done, runs["grpo"])]) if "grpo" in runs else None,
+            "sampled_tokens": statistics.fmean(r["sampled_tokens"] for r in done),
+            "wall_minutes": statistics.fmean(r["wall_seconds"] for r in done) / 60,
+        }
+    write_result(out, {
+        "env": args.env, "config": str(env["config"].relative_to(ROOT)), "start": str(env["start"].relative_to(ROOT)),
+        "start_held_out": start_accuracy, "steps": steps, "task_pool": env["pool"], "episodes_per_step": env["prompts"],
+        "branch_groups": BRANCH_GROUPS, "eval": {"tasks": tasks, "samples": samples}, "seeds": args.seeds,
+        "methods": {method: table[method] for method in args.methods}, "summary": summary, "runs": runs,
+    })
+    for method, figures in summary.items():
+        print(method, figures)
+
+
+if __name__ == "__main__":
+    main()
