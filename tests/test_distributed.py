@@ -72,14 +72,22 @@ def two_processes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     return run_dir
 
 
+def assert_same_steps(one: list[dict], other: list[dict]) -> None:
+    """The same steps, with the same metrics: rollouts, rewards and counts equal, the update's
+    floats to rounding (1e-5: sums taken in another order)."""
+    assert len(one) == len(other)
+    for a, b in zip(one, other):
+        assert a.keys() == b.keys()
+        for key in a:
+            expected = pytest.approx(a[key], rel=1e-5, abs=1e-5) if isinstance(a[key], float) else a[key]
+            assert b[key] == expected, (a["step"], key)
+
+
 def test_two_processes_take_the_steps_one_process_takes(one_process: Path, two_processes: Path):
     one, two = metrics(one_process), metrics(two_processes)
     assert [row["step"] for row in two] == [1, 2, 3]
+    assert_same_steps(one, two)
     for a, b in zip(one, two):
-        assert a.keys() == b.keys()
-        for key in a:  # rollouts, rewards and counts are equal; the update's floats to rounding
-            expected = pytest.approx(a[key], rel=1e-5, abs=1e-5) if isinstance(a[key], float) else a[key]
-            assert b[key] == expected, (a["step"], key)
         assert b["reward"] == a["reward"] and b["trained_episodes"] == a["trained_episodes"]
     # Each rank ran half of the groups: together, the decisions one process made.
     assert decisions(two_processes) == decisions(one_process)
@@ -136,11 +144,7 @@ def test_lora_from_an_adapter_in_two_sharded_processes_takes_one_process_steps(t
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", str(SMOKE), *lora, "--set", f"run.dir={one}"]) == 0
     torchrun("train", str(SMOKE), *lora, "--set", "model.sharing=shard", "--set", f"run.dir={two}")
-    for a, b in zip(metrics(one), metrics(two), strict=True):
-        assert a.keys() == b.keys()
-        for key in a:
-            expected = pytest.approx(a[key], rel=1e-5, abs=1e-5) if isinstance(a[key], float) else a[key]
-            assert b[key] == expected, (a["step"], key)
+    assert_same_steps(metrics(one), metrics(two))
     assert load_file(two / "rl" / "base" / "model.safetensors").keys() == load_file(CALC_SFT / "model.safetensors").keys()
     w1, w2 = (load_file(run / "rl" / "final" / "adapter_model.safetensors") for run in (one, two))
     assert w1.keys() == w2.keys() and max(float(t.abs().max()) for k, t in w1.items() if "lora_B" in k) > 0
@@ -377,8 +381,7 @@ def test_ray_workers_roll_out_what_one_process_does(one_process: Path, two_ray_w
     process samples; the update runs on the driver, as with one process."""
     one, ray_run = metrics(one_process), metrics(two_ray_workers)
     assert [row["step"] for row in ray_run] == [1, 2, 3]
-    for a, b in zip(one, ray_run):
-        assert b == {k: pytest.approx(v, rel=1e-5, abs=1e-5) if isinstance(v, float) else v for k, v in a.items()}
+    assert_same_steps(one, ray_run)
     assert sorted(p.name for p in two_ray_workers.glob("audit*.jsonl")) == ["audit.worker0.jsonl", "audit.worker1.jsonl"]
     assert decisions(two_ray_workers) == decisions(one_process)
     for log in two_ray_workers.glob("audit*.jsonl"):

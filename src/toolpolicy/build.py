@@ -191,7 +191,10 @@ def build_backend(
     seeded with the generator's seed; server from a rollout server. vllm and server are synced
     once to the policy's current weights, which may have moved since."""
     if backend.name == "hf":
-        return HFBackend(policy.model, policy.stop_ids, policy.pad_id, generator, temperature, cache_bytes=int(backend.cache_gib * 2**30))
+        return HFBackend(
+            policy.model, policy.stop_ids, policy.pad_id, generator, temperature, cache_bytes=int(backend.cache_gib * 2**30),
+            vision=policy.vision,
+        )
     if backend.name == "vllm":
         dtype = placement(model).dtype
         settings = VLLMSettings(dtype, backend.kv_cache_gib, backend.block_size, backend.threads or threads or 1, generator.initial_seed(), backend.lora_sync)

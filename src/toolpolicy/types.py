@@ -6,6 +6,7 @@ these types without pulling in torch, tokenizers or a policy engine.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +20,24 @@ class ToolCall:
     name: str
     arguments: dict[str, Any]
     id: str = ""
+
+
+@dataclass(frozen=True)
+class Image:
+    """A picture a message carries (a tool's result, a task's input): PNG bytes and their size
+    in pixels. Bytes keep this module free of imaging libraries; tools/images.py reads and
+    writes them, and a vision model's processor (model/vision.py) turns them into pixels."""
+
+    png: bytes
+    width: int
+    height: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"png": base64.b64encode(self.png).decode("ascii"), "width": self.width, "height": self.height}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Image:
+        return Image(base64.b64decode(data["png"]), int(data["width"]), int(data["height"]))
 
 
 @dataclass(frozen=True)
@@ -50,11 +69,15 @@ class Message:
     tool_call_id: str = ""
     reasoning: str = ""
     """An assistant's reasoning block (`<think>`), kept apart from its content."""
+    images: tuple[Image, ...] = ()
+    """Pictures the message shows (a user's or a tool's), rendered before its text."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.reasoning:
             out["reasoning"] = self.reasoning
+        if self.images:
+            out["images"] = [image.to_dict() for image in self.images]
         if self.tool_calls:
             out["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in self.tool_calls]
         if self.name:
@@ -67,7 +90,8 @@ class Message:
     def from_dict(data: dict[str, Any]) -> Message:
         calls = tuple(ToolCall(c["name"], dict(c.get("arguments", {}))) for c in data.get("tool_calls", ()))
         return Message(
-            data["role"], data.get("content", ""), calls, data.get("name", ""), data.get("tool_call_id", ""), data.get("reasoning", "")
+            data["role"], data.get("content", ""), calls, data.get("name", ""), data.get("tool_call_id", ""), data.get("reasoning", ""),
+            tuple(Image.from_dict(image) for image in data.get("images", ())),
         )
 
 
@@ -110,6 +134,8 @@ class ToolResult:
     content: str
     error: ErrorKind | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Image, ...] = ()
+    """Pictures the call returned (a crop, a rendered page), shown to the model with `content`."""
 
     @property
     def ok(self) -> bool:

@@ -38,6 +38,7 @@ from transformers.utils.chat_template_utils import (
     render_jinja_template,
 )
 
+from toolpolicy.chat.images import image_text
 from toolpolicy.chat.parser import CALL_SYNTAXES, ParsedTurn, parse_assistant
 from toolpolicy.chat.tools_block import drops_tools, hermes_turns
 from toolpolicy.types import Message, ToolCall, ToolSpec
@@ -157,7 +158,10 @@ class JinjaTemplate:
 
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), add_generation_prompt: bool = False) -> str:
         """The whole conversation, as `apply_chat_template(..., tokenize=False)` renders it
-        (with user-supplied strings marked, see the module docstring)."""
+        (with user-supplied strings marked, see the module docstring). Pictures are not yet
+        rendered through a checkpoint's own template: a message with one is an error."""
+        for message in messages:
+            image_text(None, message)
         if self.tools_in_system:  # marked before the Hermes tags are added: those are the template's own
             pattern = self._pattern()
             marked = [_marked_message(m, pattern) for m in messages] if pattern else messages

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+from toolpolicy.chat.images import ImageSpan, image_text
 from toolpolicy.chat.parser import CHATML_STOPS, ParsedTurn, parse_assistant
 from toolpolicy.chat.tokens import IM_END, IM_START, TOOL_CALL_END, TOOL_CALL_START, TOOL_RESPONSE_END, TOOL_RESPONSE_START
 from toolpolicy.types import Message, ToolCall, ToolSpec
@@ -117,6 +118,9 @@ class HermesTemplate:
     brief_tools: bool = False
     """List each tool as one line `name(arg: type, ...) - description` instead of its JSON
     schema: a fraction of the tokens, for a tiny model whose every prompt token costs."""
+    image_span: ImageSpan | None = None
+    """How the model's text stands for a picture (a vision-language model's); None: the model
+    reads no pictures, and a message with one is an error."""
 
     def __post_init__(self) -> None:
         if self.tools_preamble.count(TOOLS_SLOT) != 1:
@@ -140,7 +144,7 @@ class HermesTemplate:
         """The whole conversation as the model reads it."""
         has_system = bool(messages) and messages[0].role == "system"
         turns = messages[1:] if has_system else messages
-        system = self._render_system(messages[0].content if has_system else None, tools)
+        system = self._render_system(image_text(self.image_span, messages[0]) + messages[0].content if has_system else None, tools)
         return system + self._render_turns(turns) + (GENERATION_PROMPT if add_generation_prompt else "")
 
     def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> str:
@@ -184,11 +188,11 @@ class HermesTemplate:
             elif message.role == "tool":
                 if i == 0 or messages[i - 1].role != "tool":
                     out.append(f"{IM_START}user")
-                out.append(f"\n{TOOL_RESPONSE_START}\n{message.content}\n{TOOL_RESPONSE_END}")
+                out.append(f"\n{TOOL_RESPONSE_START}\n{image_text(self.image_span, message)}{message.content}\n{TOOL_RESPONSE_END}")
                 if i == len(messages) - 1 or messages[i + 1].role != "tool":
                     out.append(f"{IM_END}\n")
             else:
-                out.append(f"{IM_START}{message.role}\n{message.content}{IM_END}\n")
+                out.append(f"{IM_START}{message.role}\n{image_text(self.image_span, message)}{message.content}{IM_END}\n")
         return "".join(out)
 
     def jinja_template(self) -> str:

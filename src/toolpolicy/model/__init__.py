@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils.chat_template_utils import encode_marked_chat
 
 from toolpolicy.chat import ChatFormatError, ChatTemplate, HermesTemplate, JinjaTemplate
@@ -18,6 +25,7 @@ from toolpolicy.model.adapters import adapter_base, is_adapter, load_adapter, me
 from toolpolicy.model.files import check_checkpoint, diagnose_tokenizer
 from toolpolicy.model.gguf import local_checkpoint
 from toolpolicy.model.placement import Placement, place
+from toolpolicy.model.vision import VISION_MODEL_TYPES, VisionInput, vision_input
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,9 @@ def load_policy(path: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizerB
     folder = local_checkpoint(path)
     check_checkpoint(folder, parse_tokenizer=False)
     tokenizer = load_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    vision = AutoConfig.from_pretrained(folder).model_type in VISION_MODEL_TYPES  # a vision-language model (model/vision.py)
+    kind = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = kind.from_pretrained(folder, dtype=torch.float32)
     return model, tokenizer
 
 
@@ -129,6 +139,8 @@ class PolicyModel:
     chat: ChatTemplate
     stop_ids: list[int]
     pad_id: int
+    vision: VisionInput | None = None
+    """How the model reads pictures (a vision-language model's); None: text only."""
 
     @staticmethod
     def load(path: str | Path, choice: ChatChoice = ChatChoice(), placement: Placement = Placement()) -> PolicyModel:
@@ -142,7 +154,10 @@ class PolicyModel:
         if isinstance(chat, JinjaTemplate):  # its parser cuts at every stop token, not only the template's own
             chat = replace(chat, stops=tuple(dict.fromkeys([*chat.stops, *tokenizer.convert_ids_to_tokens(stops)])))
             warn_prefix_problems(path, chat.prefix_problems())
-        return PolicyModel(model, tokenizer, *codec(tokenizer), chat, stops, pad)
+        vision = vision_input(model, tokenizer)
+        if vision is not None and isinstance(chat, HermesTemplate):
+            chat = replace(chat, image_span=vision.span)
+        return PolicyModel(model, tokenizer, *codec(tokenizer), chat, stops, pad, vision)
 
 
 def load_trained(path: str | Path, placement: Placement = Placement()) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, Path]:

@@ -11,7 +11,7 @@ model is a `Qwen2ForCausalLM` from a small config, saved with `save_pretrained`
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,9 +38,13 @@ class ModelShape:
     max_positions: int = 1024
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, template: HermesTemplate) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on `texts` and wrap it as a Hugging Face fast tokenizer."""
-    special_split = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, template: HermesTemplate, extra_special: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `texts` and wrap it as a Hugging Face fast tokenizer, with
+    `extra_special` tokens (a vision model's VISION_TOKENS) after the chat format's own."""
+    specials = (*SPECIAL_TOKENS, *extra_special)
+    special_split = re.compile("|".join(re.escape(t) for t in specials))
 
     def pieces() -> Iterable[str]:
         # Special tokens are added whole; BPE merges are learned only from the text between them.
@@ -54,7 +58,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, template: HermesTempl
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
         show_progress=False,
@@ -64,7 +68,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, template: HermesTempl
         tokenizer_object=core,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (EOS_TOKEN, PAD_TOKEN)],
+        additional_special_tokens=[t for t in specials if t not in (EOS_TOKEN, PAD_TOKEN)],
         chat_template=template.jinja_template(),
         model_max_length=4096,
     )

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from transformers.cache_utils import DynamicCache
 
+from toolpolicy.model.vision import VisionInput, unsampled_ids, without_ids
 from toolpolicy.rollout.kv_cache import Forward, RowCache, cache_argument, position_bytes
-from toolpolicy.types import Message
+from toolpolicy.types import Image, Message
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class GenRequest:
     """Seed of the episode's own random stream, which its later turns continue; None: draws
     come from the backend's generator for the whole batch. With its own stream an episode's
     samples do not depend on which other episodes share its batch or process."""
+    images: tuple[tuple[int, Image], ...] = ()
+    """The pictures `ids` shows, each with the position of its first placeholder (a
+    vision-language policy's; Trajectory.images)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,7 @@ class HFBackend:
         temperature: float = 1.0,
         max_batch: int = 128,
         cache_bytes: int = 2**29,
+        vision: VisionInput | None = None,
     ) -> None:
         self.model = model
         self.stop_ids = torch.tensor(stop_ids)
@@ -144,7 +150,7 @@ class HFBackend:
         self.cache_bytes = cache_bytes
         self.position_bytes = position_bytes(model)
         self.counts: Counter[str] = Counter()
-        self._forward = _forward_of(model)
+        self._forward = _forward_of(model, vision)
         self._rows: list[RowCache | None] = []  # None: released mid-turn
         self._streams: dict[int, torch.Generator] = {}
 
@@ -198,12 +204,14 @@ class HFBackend:
             room = max(map(len, added)) + max(requests[i].max_new_tokens for i in batch)
             rows = RowCache.gather(self._rows, [picks[i] for i in batch], [requests[i].key for i in batch], cached, room)
             self._rows = [None if last_use.get(piece) == k else kept for piece, kept in enumerate(self._rows)]  # all gathered
-            rows.append(added, self._forward, self.pad_id, self.counts)
+            shown = [[image for at, image in requests[i].images if at >= len(ids)] for i, ids in zip(batch, cached)]
+            rows.append(added, self._forward, self.pad_id, self.counts, shown)
             out.update(zip(batch, self._decode(rows, [requests[i] for i in batch], pieces)))
         for batch in self.batches(requests, [i for i in range(len(requests)) if i not in picks]):
             keys, prompts = [requests[i].key for i in batch], [requests[i].ids for i in batch]
             room = max(requests[i].max_new_tokens for i in batch)
-            rows = RowCache.prefill(keys, prompts, self._forward, self.pad_id, device, self.counts, room)
+            shown = [[image for _, image in requests[i].images] for i in batch]
+            rows = RowCache.prefill(keys, prompts, self._forward, self.pad_id, device, self.counts, room, shown)
             out.update(zip(batch, self._decode(rows, [requests[i] for i in batch], pieces)))
         self._rows = pieces
         return [out[i] for i in range(len(requests))]
@@ -299,20 +307,28 @@ class HFBackend:
         return results
 
 
-def _forward_of(model: torch.nn.Module) -> Forward:
+def _forward_of(model: torch.nn.Module, vision: VisionInput | None = None) -> Forward:
     """One forward step with a KV cache, returning the last position's logits [B, V] (float32)
-    and the cache. Only the last position's logits are computed where the model allows it."""
+    and the cache. Only the last position's logits are computed where the model allows it.
+    The pictures the rows show go in as `vision`'s pixels, row by row (none: a text step)."""
     core = model.get_base_model() if hasattr(model, "get_base_model") else model
     cache_name = cache_argument(model)
+    never = unsampled_ids(model)
     last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(core.forward).parameters else {}
 
     def forward(
-        ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache | None
+        ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache | None,
+        shown: Sequence[Sequence[Image]],
     ) -> tuple[torch.Tensor, DynamicCache]:
+        pictures = [image for row in shown for image in row]
+        if pictures and vision is None:
+            raise ValueError(f"the episodes show {len(pictures)} picture(s) but the model reads none (it has no vision encoder)")
+        pixels = {"pixel_values": vision.pixels(pictures).to(ids.device)} if pictures else {}
         output = model(
-            input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **{cache_name: cache}, **last_only
+            input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **{cache_name: cache}, **last_only,
+            **pixels,
         )
-        return output.logits[:, -1].float(), getattr(output, cache_name)
+        return without_ids(output.logits[:, -1].float(), never), getattr(output, cache_name)
 
     return forward
 

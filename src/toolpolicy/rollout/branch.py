@@ -65,7 +65,8 @@ class Branch:
         cut = self.cut
         episode = Episode(parent.episode.task, self.messages(), [e for e in parent.episode.events if e.turn < self.turns])
         return Trajectory(
-            list(parent.token_ids[:cut]), [0] * cut, list(parent.logprobs[:cut]), cut, episode, list(parent.turn_spans[: self.turns])
+            list(parent.token_ids[:cut]), [0] * cut, list(parent.logprobs[:cut]), cut, episode, list(parent.turn_spans[: self.turns]),
+            [(position, image) for position, image in parent.images if position < cut],
         )
 
     @property
@@ -92,14 +93,14 @@ def replay_prefix(session: Session, gate: Gate, ledger: Ledger, messages: list[M
             continue
         after = messages[k + 1 :]
         if message.tool_calls:
-            recorded = [m.content for m in _observations(after) if m.name != "error"]  # one per call, in order
+            recorded = [m for m in _observations(after) if m.name != "error"]  # one per call, in order
             for call, seen in zip(message.tool_calls, recorded + [None] * len(message.tool_calls)):
                 admission = admit(gate, ledger, call)
                 if not admission.runs:
                     continue
                 result = run_admitted(session, call, admission.decision)
                 settle(ledger, call, result.ok, result.facts)
-                if seen is not None and gate.redact(result.content) != seen:
+                if seen is not None and (gate.redact(result.content), result.images) != (seen.content, seen.images):
                     return f"branch: tool {call.name} gave another result when its call was replayed (it is not deterministic)"
         elif after and after[0].role == "user":
             session.on_answer(messages[: k + 1])

@@ -25,13 +25,14 @@ from tqdm.auto import tqdm
 from typing_extensions import Self
 
 from toolpolicy.chat import ChatTemplate, ParsedTurn, cut_at_stop
+from toolpolicy.chat.images import IMAGE_PAD, image_runs
 from toolpolicy.envs.base import Env, Session, listed_specs, open_session, run_admitted
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
 from toolpolicy.rollout.branch import Branch, quiet, replay_prefix
 from toolpolicy.rollout.dropped import tool_failure
 from toolpolicy.rollout.trajectory import Trajectory
-from toolpolicy.types import Episode, Event, Message, Task
+from toolpolicy.types import Episode, Event, Image, Message, Task
 
 Encode = Callable[[str], list[int]]
 Decode = Callable[[list[int]], str]
@@ -104,7 +105,7 @@ def act(
             events.append(Event("violation", turn, rules))
         result = run_admitted(session, call, admission.decision)
         settle(ledger, call, result.ok, result.facts)
-        observations.append(Message("tool", gate.redact(result.content), name=call.name, tool_call_id=call.id))
+        observations.append(Message("tool", gate.redact(result.content), name=call.name, tool_call_id=call.id, images=result.images))
         if result.ok:
             events.append(Event("tool_call", turn, call.name))
         elif result.error in MODEL_FAULTS:
@@ -285,7 +286,23 @@ class RolloutEngine(GatedLoop):
     def start(self, task: Task) -> Trajectory:
         messages = self.env.initial_messages(task)
         ids = prompt_ids(self.env, self.template, self.encode, task, messages)
-        return Trajectory(ids, [0] * len(ids), [0.0] * len(ids), len(ids), Episode(task, list(messages)))
+        return Trajectory(
+            ids, [0] * len(ids), [0.0] * len(ids), len(ids), Episode(task, list(messages)), images=self._placed(ids, messages)
+        )
+
+    def _placed(self, ids: list[int], messages: list[Message]) -> list[tuple[int, Image]]:
+        """The pictures of `messages`, each with the position of its placeholders in `ids`
+        (their rendering, tokenized): the k-th run of image pads is the k-th picture."""
+        images = [image for message in messages for image in message.images]
+        if not images:
+            return []
+        pad = self.encode(IMAGE_PAD)
+        if len(pad) != 1:
+            raise ValueError(f"the tokenizer has no {IMAGE_PAD} token (it encodes it as {pad}): the model reads no pictures")
+        runs = image_runs(ids, pad[0])
+        if len(runs) != len(images):
+            raise ValueError(f"{len(images)} picture(s) rendered as {len(runs)} runs of {IMAGE_PAD}: the template's image spans are broken")
+        return [(start, image) for (start, _), image in zip(runs, images)]
 
     def run(
         self, tasks: list[Task], progress: str | None = None, seeds: list[int] | list[None] | None = None,
@@ -310,6 +327,7 @@ class RolloutEngine(GatedLoop):
                 GenRequest(
                     i, trajectories[i].token_ids,
                     min(budget.max_turn_tokens, budget.max_tokens - spent[i] - trajectories[i].response_len), seeds[i],
+                    tuple(trajectories[i].images),
                 )
                 for i in acting
             ]
@@ -376,5 +394,5 @@ class RolloutEngine(GatedLoop):
         if spent + trajectory.response_len + len(fragment) >= self.limits.max_tokens:
             truncate(episode, turn, "max_tokens")
             return False
-        trajectory.append(fragment, sampled=False)
+        trajectory.append(fragment, sampled=False, images=self._placed(fragment, observations))
         return True

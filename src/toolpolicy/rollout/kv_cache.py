@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache | None], tuple[torch.Tensor, DynamicCache]]
-"""(ids [B, S], attention [B, T+S], position ids [B, S], cache or None) -> (the last
-position's logits [B, V] in float32, the cache holding T+S columns)."""
+from toolpolicy.types import Image
+
+Forward = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache | None, Sequence[Sequence[Image]]], tuple[torch.Tensor, DynamicCache]
+]
+"""(ids [B, S], attention [B, T+S], position ids [B, S], cache or None, the pictures each row
+of `ids` shows, in order) -> (the last position's logits [B, V] in float32, the cache
+holding T+S columns)."""
 
 def cache_argument(model: torch.nn.Module) -> str:
     """The name under which `model`'s forward takes and returns its KV cache: transformers
@@ -129,16 +134,18 @@ class RowCache:
     @classmethod
     def prefill(
         cls, keys: list[int], prompts: list[list[int]], forward: Forward, pad_id: int, device: torch.device, counts: Counter[str],
-        room: int,
+        room: int, shown: Sequence[Sequence[Image]] | None = None,
     ) -> RowCache:
-        """Run each distinct prompt once (left-padded), then give every row its prompt's cache,
-        with `room` columns to grow into."""
-        distinct: dict[tuple[int, ...], int] = {}
-        source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        ids, attention, positions = left_padded([list(p) for p in distinct], pad_id, device)  # [U, W] each
+        """Run each distinct prompt (its ids and the pictures it `shown`) once, left-padded, then
+        give every row its prompt's cache, with `room` columns to grow into."""
+        shown = shown if shown is not None else [()] * len(prompts)
+        distinct: dict[tuple[tuple[int, ...], tuple[bytes, ...]], int] = {}
+        source = [distinct.setdefault((tuple(p), tuple(i.png for i in s)), len(distinct)) for p, s in zip(prompts, shown)]
+        first = {index: row for row, index in reversed(list(enumerate(source)))}  # distinct prompt -> a row that has it
+        ids, attention, positions = left_padded([list(p) for p, _ in distinct], pad_id, device)  # [U, W] each
         counts["prefill"] += int(attention.sum())
-        logits, cache = forward(ids, attention, positions, None)
-        shared = cls(cache, attention, attention.sum(-1), list(range(len(distinct))), [list(p) for p in distinct], logits)
+        logits, cache = forward(ids, attention, positions, None, [shown[first[u]] for u in range(len(distinct))])
+        shared = cls(cache, attention, attention.sum(-1), list(range(len(distinct))), [list(p) for p, _ in distinct], logits)
         return cls.gather([shared], [(0, row) for row in source], keys, [list(p) for p in prompts], room)
 
     @classmethod
@@ -199,12 +206,15 @@ class RowCache:
         cached = self.ids[row]
         return row if len(ids) > len(cached) and ids[: len(cached)] == cached else None
 
-    def append(self, added: list[list[int]], forward: Forward, pad_id: int, counts: Counter[str]) -> None:
-        """Run the ids each row adds (at least one each), left-padded into one block."""
+    def append(
+        self, added: list[list[int]], forward: Forward, pad_id: int, counts: Counter[str], shown: Sequence[Sequence[Image]] | None = None
+    ) -> None:
+        """Run the ids each row adds (at least one each; with the pictures they show), left-padded into one block."""
         block, block_attention, offsets = left_padded(added, pad_id, self.attention.device)  # [B, S] each
         counts["prefill"] += sum(map(len, added))
         self.attention = torch.cat([self.attention, block_attention], dim=-1)
-        self.logits, self.cache = forward(block, self.attention, self.next_pos[:, None] + offsets, self.cache)
+        pictures = shown if shown is not None else [()] * len(added)
+        self.logits, self.cache = forward(block, self.attention, self.next_pos[:, None] + offsets, self.cache, pictures)
         self.next_pos = self.next_pos + block_attention.sum(-1)
         self.ids = [ids + new for ids, new in zip(self.ids, added)]
 
@@ -215,7 +225,7 @@ class RowCache:
         self.attention = torch.cat([self.attention, column], dim=-1)
         positions = self.next_pos[:, None] + len(self.fed)  # [B, 1]
         self.fed.append(token)
-        self.logits, self.cache = forward(token[:, None], self.attention, positions, self.cache)
+        self.logits, self.cache = forward(token[:, None], self.attention, positions, self.cache, [()] * token.shape[0])
         return self.logits
 
     def settle(self, kept: list[int]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolpolicy.tools.decorator import Tool, ToolError
-from toolpolicy.types import ToolCall, ToolResult, ToolSpec
+from toolpolicy.types import Image, ToolCall, ToolResult, ToolSpec
 
 MAX_PROBLEMS_SHOWN = 3
 TOOL_ERROR_HINT = "raise toolpolicy.tools.ToolError to show the model the message"
@@ -67,8 +67,10 @@ class ToolSet:
             return self._result(f"Error: {_exception_text(error)}", "tool_error")
         except Exception as error:  # a fault in the tool, not the call; KeyboardInterrupt still propagates
             return self._result(infra_error_text(target.name, error), "exception")
-        if isinstance(output, ToolResult):  # a tool that records facts or reports its own error
-            return ToolResult(truncate(output.content, self.max_output_chars), output.error, dict(output.facts))
+        if isinstance(output, ToolResult):  # a tool that records facts, reports its own error or shows images
+            return ToolResult(truncate(output.content, self.max_output_chars), output.error, dict(output.facts), output.images)
+        if isinstance(output, Image):  # a picture alone
+            return ToolResult("", images=(output,))
         return self._result(output_text(output))
 
     def _result(self, content: str, error: Any = None) -> ToolResult:

@@ -11,6 +11,7 @@ import torch
 from toolpolicy.algorithms import chunked_token_logprobs
 from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of
+from toolpolicy.model.vision import VisionInput, WithoutIds, unsampled_ids, without_ids
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.kv_cache import cache_argument, left_padded
 
@@ -24,6 +25,10 @@ class TokenBatch(NamedTuple):
     loss_mask:    [B, L-1]  1 where the target token was sampled by the policy
     old_logprobs: [B, L-1]  rollout log-probabilities of the targets (0 where masked)
     prompt_lens:  [B]       tokens of each row's prompt (nothing in it is trained)
+    pixels:       [N, 3, S, S] the pictures the rows show, row by row in order of position
+                            (a vision-language model's pixel_values), or None
+    pixel_at:     [N, 3]    each picture's row, the position of its first placeholder, and
+                            a key equal for equal pictures (prompts are shared by ids and pictures)
     """
 
     input_ids: torch.Tensor
@@ -32,12 +37,34 @@ class TokenBatch(NamedTuple):
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
     prompt_lens: torch.Tensor
+    pixels: torch.Tensor | None = None
+    pixel_at: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> TokenBatch:
-        return TokenBatch(*(tensor.to(device) for tensor in self))
+        return TokenBatch(*(tensor.to(device) if tensor is not None else None for tensor in self))
+
+    def rows(self, start: int, end: int, width: int) -> TokenBatch:
+        """Rows [start, end) cut to `width` positions, with their pictures."""
+        pixels, pixel_at = self.pixels, self.pixel_at
+        if pixel_at is not None:
+            mine = (pixel_at[:, 0] >= start) & (pixel_at[:, 0] < end)  # [N]
+            pixels, pixel_at = pixels[mine], pixel_at[mine] - torch.tensor([start, 0, 0], device=pixel_at.device)
+        return TokenBatch(
+            self.input_ids[start:end, :width], self.attention[start:end, :width], self.targets[start:end, : width - 1],
+            self.loss_mask[start:end, : width - 1], self.old_logprobs[start:end, : width - 1], self.prompt_lens[start:end],
+            pixels, pixel_at,
+        )
+
+    def pixel_values(self, where: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The forward's keyword for the pictures (those `where` [N] selects, in order): empty
+        for a batch without any, so a text-only model is called as it always was."""
+        if self.pixels is None:
+            return {}
+        pixels = self.pixels if where is None else self.pixels[where]
+        return {"pixel_values": pixels} if pixels.shape[0] else {}
 
 
-def collate(trajectories: list[Trajectory], pad_id: int) -> TokenBatch:
+def collate(trajectories: list[Trajectory], pad_id: int, vision: VisionInput | None = None) -> TokenBatch:
     width = max(len(t.token_ids) for t in trajectories)
     batch = len(trajectories)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)  # [B, L]
@@ -51,7 +78,20 @@ def collate(trajectories: list[Trajectory], pad_id: int) -> TokenBatch:
         mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         logprobs[row, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
     prompt_lens = torch.tensor([t.prompt_len for t in trajectories])
-    return TokenBatch(input_ids, attention, input_ids[:, 1:], mask[:, 1:], logprobs[:, 1:], prompt_lens)
+    pixels, pixel_at = pictures(trajectories, vision)
+    return TokenBatch(input_ids, attention, input_ids[:, 1:], mask[:, 1:], logprobs[:, 1:], prompt_lens, pixels, pixel_at)
+
+
+def pictures(trajectories: list[Trajectory], vision: VisionInput | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The rows' pictures as `TokenBatch.pixels` and `pixel_at` (None, None when there are none)."""
+    placed = [(row, position, image) for row, t in enumerate(trajectories) for position, image in t.images]
+    if not placed:
+        return None, None
+    if vision is None:
+        raise ValueError(f"the batch shows {len(placed)} picture(s) but the model reads none (it has no vision encoder)")
+    keys: dict[bytes, int] = {}
+    at = torch.tensor([[row, position, keys.setdefault(image.png, len(keys))] for row, position, image in placed])  # [N, 3]
+    return vision.pixels([image for _, _, image in placed]), at
 
 
 def micro_batches(batch: TokenBatch, size: int, max_tokens: int | None = None) -> list[tuple[slice, TokenBatch]]:
@@ -72,15 +112,7 @@ def micro_batches(batch: TokenBatch, size: int, max_tokens: int | None = None) -
     pieces = []
     for start, end in zip(bounds, bounds[1:] + [len(lengths)]):
         rows = slice(start, end)
-        width = int(max(lengths[rows]))
-        pieces.append((rows, TokenBatch(
-            input_ids=batch.input_ids[rows, :width],
-            attention=batch.attention[rows, :width],
-            targets=batch.targets[rows, : width - 1],
-            loss_mask=batch.loss_mask[rows, : width - 1],
-            old_logprobs=batch.old_logprobs[rows, : width - 1],
-            prompt_lens=batch.prompt_lens[rows],
-        )))
+        pieces.append((rows, batch.rows(start, end, int(max(lengths[rows])))))
     return pieces
 
 
@@ -183,11 +215,12 @@ def forward_logprobs(
     parts = decoder_and_head(model)
     if parts is None:
         keep = torch.nn.functional.pad(trained, (0, 1))  # [B, L]: the logits at t predict token t+1
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention, logits_to_keep=keep).logits  # [N, V]
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention, logits_to_keep=keep, **batch.pixel_values()).logits  # [N, V]
+        logits = without_ids(logits, unsampled_ids(model))
         states, head = logits, torch.nn.Identity()
     else:
         decoder, head = parts
-        states = decoder(input_ids=batch.input_ids, attention_mask=batch.attention).last_hidden_state[:, :-1][trained]  # [N, H]
+        states = decoder(input_ids=batch.input_ids, attention_mask=batch.attention, **batch.pixel_values()).last_hidden_state[:, :-1][trained]  # [N, H]
     values = chunked_token_logprobs(states, head, batch.targets[trained], logit_chunk(model), temperature, with_entropy)
     return _placed(values, trained)
 
@@ -211,7 +244,8 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     decoder = getattr(core, "base_model", None)
     if head is None or decoder is None or decoder is core:
         return None
-    return decoder, head
+    never = unsampled_ids(core)
+    return decoder, WithoutIds(head, never) if never else head
 
 
 def logit_chunk(model: torch.nn.Module) -> int:
@@ -238,17 +272,22 @@ def shared_prompt_logprobs(
     decoder, head = parts
     batch = batch.to(next(model.parameters()).device)
     device = batch.input_ids.device
-    rows = batch.input_ids.shape[0]
     lengths = batch.attention.sum(-1)  # [B]
     prompt_lens = batch.prompt_lens  # [B]
-    distinct: dict[tuple[int, ...], int] = {}
-    source = torch.tensor(
-        [distinct.setdefault(tuple(batch.input_ids[b, : int(prompt_lens[b])].tolist()), len(distinct)) for b in range(rows)],
-        device=device,
-    )  # [B] -> distinct prompt
-    prompt_ids, prompt_attention, positions = left_padded([list(p) for p in distinct], 0, device)  # [U, P] each
+    in_prompt = None if batch.pixel_at is None else batch.pixel_at[:, 1] < prompt_lens[batch.pixel_at[:, 0]]  # [N]
+    distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}  # (prompt ids, its pictures' keys) -> index
+    first: dict[int, int] = {}  # distinct prompt -> the first row that has it
+    keys = _prompt_keys(batch, in_prompt)
+    for b, key in enumerate(keys):
+        first.setdefault(distinct.setdefault(key, len(distinct)), b)
+    source = torch.tensor([distinct[key] for key in keys], device=device)  # [B] -> distinct prompt
+    prompt_ids, prompt_attention, positions = left_padded([list(ids) for ids, _ in distinct], 0, device)  # [U, P] each
     cache_name = cache_argument(model)
-    shared = decoder(input_ids=prompt_ids, attention_mask=prompt_attention, position_ids=positions, use_cache=True)
+    prompt_pictures = None if in_prompt is None else _rows_pictures(batch.pixel_at, in_prompt, list(first.values()))
+    shared = decoder(
+        input_ids=prompt_ids, attention_mask=prompt_attention, position_ids=positions, use_cache=True,
+        **batch.pixel_values(prompt_pictures),
+    )
     cache = getattr(shared, cache_name)
     cache.batch_select_indices(source)  # every row gets its prompt's keys and values, gradients kept
 
@@ -261,7 +300,7 @@ def shared_prompt_logprobs(
     attention = torch.cat([prompt_attention[source], inside.long()], dim=-1)  # [B, P + R]
     out = decoder(
         input_ids=response_ids, attention_mask=attention, position_ids=prompt_lens[:, None] + offsets[None, :],
-        use_cache=True, **{cache_name: cache},
+        use_cache=True, **{cache_name: cache}, **batch.pixel_values(None if in_prompt is None else ~in_prompt),
     )
     # hidden[b, j] predicts response token j of row b: j = 0 from the prompt's last position.
     hidden = torch.cat([shared.last_hidden_state[source, -1:], out.last_hidden_state[:, :-1]], dim=1)  # [B, R, H]
@@ -277,6 +316,20 @@ def shared_prompt_logprobs(
     out_logprobs = torch.zeros(shape, device=device).index_put((b_index, t_index), logprobs)
     out_entropy = None if entropy is None else torch.zeros(shape, device=device).index_put((b_index, t_index), entropy)
     return out_logprobs, out_entropy
+
+
+def _prompt_keys(batch: TokenBatch, in_prompt: torch.Tensor | None) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each row's prompt: its ids and the keys of the pictures in it."""
+    keys = []
+    for b in range(batch.input_ids.shape[0]):
+        shown = () if in_prompt is None else tuple(batch.pixel_at[in_prompt & (batch.pixel_at[:, 0] == b), 2].tolist())
+        keys.append((tuple(batch.input_ids[b, : int(batch.prompt_lens[b])].tolist()), shown))
+    return keys
+
+
+def _rows_pictures(pixel_at: torch.Tensor, among: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Indices of the pictures `among` selects that belong to `rows`, row by row in that order.   -> [n]"""
+    return torch.cat([torch.nonzero(among & (pixel_at[:, 0] == row)).flatten() for row in rows])
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 from toolpolicy.rewards import Score
 from toolpolicy.rollout import Trajectory
-from toolpolicy.types import Episode
+from toolpolicy.types import Episode, Image
 
 Succeeded = Callable[[Episode], bool]
 
@@ -78,6 +78,7 @@ def stored_record(trajectory: Trajectory, score: Score) -> dict[str, Any]:
         "logprobs": [float(x) for x in trajectory.logprobs],
         "prompt_len": trajectory.prompt_len,
         "turn_spans": [list(span) for span in trajectory.turn_spans],
+        "images": [[position, image.to_dict()] for position, image in trajectory.images],
         "episode": json.loads(json.dumps(trajectory.episode.to_dict(), default=str)),
         "score": {"total": float(score.total), "components": {k: float(v) for k, v in score.components.items()}},
     }
@@ -91,5 +92,6 @@ def from_record(record: dict[str, Any]) -> tuple[Trajectory, Score]:
         int(record["prompt_len"]),
         Episode.from_dict(record["episode"]),
         [(int(a), int(b)) for a, b in record["turn_spans"]],
+        [(int(position), Image.from_dict(image)) for position, image in record.get("images", ())],
     )
     return trajectory, Score(float(record["score"]["total"]), dict(record["score"]["components"]))
