@@ -132,7 +132,7 @@ def test_import_paths_name_an_environment_a_reward_a_demonstrator_and_a_user():
         ("env=mypkg.envs:Adder", r"field 'env.name': 'mypkg.envs:Adder': module mypkg.envs not found \(tried import path"),
         ("env=test_extensions:Adder", r"field 'env.name': 'test_extensions:Adder': test_extensions has no attribute Adder \(tried import path\)"),
         ("env=test_extensions:NOT_CALLABLE", r"field 'env.name': 'test_extensions:NOT_CALLABLE': is a int, not a callable environment"),
-        ("env=adder", r"field 'env.name': 'adder': no environment of that name \(tried entry points of group toolpolicy.envs: .*built-ins: agentdojo, bfcl, bfcl_multi_turn, calc, hotel\)"),
+        ("env=adder", r"field 'env.name': 'adder': no environment of that name \(tried entry points of group toolpolicy.envs: .*built-ins: agentdojo, bfcl, bfcl_multi_turn, calc, hotel, zoom\)"),
         ("rewards.weights={'mypkg.rewards:exact': 1}", r"field 'rewards.weights': 'mypkg.rewards:exact': module mypkg.rewards not found"),
         ("rewards.weights={exact: 1}", r"field 'rewards.weights': 'exact': no reward function of that name .*group toolpolicy.rewards"),
         ("demonstrator=mypkg:expert", r"field 'demonstrator.name': 'mypkg:expert': module mypkg not found"),

@@ -13,10 +13,12 @@ from toolpolicy.envs.base import Env
 from toolpolicy.envs.bfcl import BfclEnv, BfclMultiTurnEnv
 from toolpolicy.envs.calc import CalcEnv
 from toolpolicy.envs.hotel import HotelEnv, ScriptedUser
+from toolpolicy.envs.zoom import ZoomEnv
 from toolpolicy.registry import ENVIRONMENT, USER, resolve_callable
 
 ENVS: dict[str, type] = {
     "calc": CalcEnv, "hotel": HotelEnv, "bfcl_multi_turn": BfclMultiTurnEnv, "bfcl": BfclEnv, "agentdojo": AgentDojoEnv,
+    "zoom": ZoomEnv,
 }
 USERS: dict[str, Callable] = {"scripted": ScriptedUser}
 """User simulators: a factory `(task) -> User` for environments that take `user=`."""
@@ -46,5 +48,5 @@ def make_env(name: str, **options: object) -> Env:
 
 
 __all__ = [
-    "ENVS", "USERS", "BfclEnv", "BfclMultiTurnEnv", "CalcEnv", "Env", "HotelEnv", "env_factory", "make_env", "takes_user", "user_factory",
+    "ENVS", "USERS", "BfclEnv", "BfclMultiTurnEnv", "CalcEnv", "Env", "HotelEnv", "ZoomEnv", "env_factory", "make_env", "takes_user", "user_factory",
 ]

@@ -12,6 +12,7 @@ import re
 from typing import Callable
 
 from toolpolicy.rewards import tool_efficiency
+from toolpolicy.rewards.regions import faithful_zoom, unfaithful_zooms
 from toolpolicy.rewards.bfcl import bfcl_correct, bfcl_format, bfcl_param_names, bfcl_param_values, bfcl_tool_name
 from toolpolicy.types import Episode
 
@@ -217,6 +218,12 @@ def eapo_reward(episode: Episode) -> float:
     return tool_efficiency.eapo_reward(correct, episode.count("tool_call"), fewest, difficulty)
 
 
+def ignored_crop(episode: Episode) -> float:
+    """1.0 if the episode took a faithful zoom (rewards/regions.py) and still answered wrong:
+    it looked at the evidence and did not use it (a metric: weight 0 by default)."""
+    return float(faithful_zoom(episode) == 1.0 and correct_answer(episode) == 0.0)
+
+
 def soft_overlong_penalty(length: int, max_length: int, buffer: int) -> float:
     """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4, eq. 13).
 
@@ -271,4 +278,7 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "bfcl_param_names": bfcl_param_names,
     "bfcl_param_values": bfcl_param_values,
     "bfcl_format": bfcl_format,
+    "faithful_zoom": faithful_zoom,
+    "unfaithful_zooms": unfaithful_zooms,
+    "ignored_crop": ignored_crop,
 }

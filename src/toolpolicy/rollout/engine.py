@@ -292,13 +292,13 @@ class RolloutEngine(GatedLoop):
 
     def _placed(self, ids: list[int], messages: list[Message]) -> list[tuple[int, Image]]:
         """The pictures of `messages`, each with the position of its placeholders in `ids`
-        (their rendering, tokenized): the k-th run of image pads is the k-th picture."""
+        (their rendering, tokenized): the k-th run of image pads is the k-th picture. A codec
+        without an image-pad token (the characters SFT's tokenizer is trained on) places none:
+        such ids only ever become text, and a model's forward refuses pictures it cannot place."""
         images = [image for message in messages for image in message.images]
-        if not images:
-            return []
-        pad = self.encode(IMAGE_PAD)
+        pad = self.encode(IMAGE_PAD) if images else []
         if len(pad) != 1:
-            raise ValueError(f"the tokenizer has no {IMAGE_PAD} token (it encodes it as {pad}): the model reads no pictures")
+            return []
         runs = image_runs(ids, pad[0])
         if len(runs) != len(images):
             raise ValueError(f"{len(images)} picture(s) rendered as {len(runs)} runs of {IMAGE_PAD}: the template's image spans are broken")

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from toolpolicy.config import ConfigError, DemonstratorSection, EnvSection
-from toolpolicy.envs import Env, calc, hotel
+from toolpolicy.envs import Env, calc, hotel, zoom
 from toolpolicy.registry import DEMONSTRATOR, ExtensionError, is_import_path, resolve_callable
 from toolpolicy.types import Message, Task, ToolCall, ToolSpec
 
@@ -50,6 +50,16 @@ def hotel_demonstrator(
     bookings, changes dates the guest would decline); with `slip`, when the guest gave only a
     name, it verifies a namesake from the lookup list first, then asks for the guest's id."""
     return hotel.expert_turns(task, rng, hotel.ExpertStyle(violation, guess, slip))
+
+
+def zoom_demonstrator(
+    task: Task, rng: random.Random, env: Env, *, zoom_on_hard: Probability = 0.5, right_cell: Probability = 0.8,
+    zoom_on_easy: Probability = 0.3,
+) -> list[Message]:
+    """zoom's imperfect reader: on a hard task it zooms with probability `zoom_on_hard` (else
+    it guesses the code), on the pink square with probability `right_cell` (else on another
+    cell, then it guesses); on an easy task it zooms needlessly with probability `zoom_on_easy`."""
+    return zoom.ZoomEnv.expert_turns(env, task, rng, zoom.ExpertStyle(zoom_on_hard, right_cell, zoom_on_easy))  # type: ignore[arg-type]
 
 
 def bfcl_multi_turn_demonstrator(task: Task, rng: random.Random, env: Env) -> list[Message]:
@@ -123,7 +133,7 @@ def _filled(schema: dict[str, Any], text: str) -> Any:
 
 DEMONSTRATORS: dict[str, Demonstrator] = {
     "calc": calc_demonstrator, "hotel": hotel_demonstrator, "bfcl_multi_turn": bfcl_multi_turn_demonstrator,
-    "bfcl": bfcl_demonstrator,
+    "bfcl": bfcl_demonstrator, "zoom": zoom_demonstrator,
 }
 """The built-in demonstrators, by the name of the environment they demonstrate."""
 

@@ -53,6 +53,7 @@ from toolpolicy.config import AlgorithmSection, Config, ConfigError
 from toolpolicy.envs.base import Env
 from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of, memory_metrics, resolve_device
+from toolpolicy.model.vision import VisionInput
 from toolpolicy.rewards import RewardFunction, Rubric, Score, policy_violation, reward_function, term_means
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.branch import Branch
@@ -410,7 +411,7 @@ def trainer_before(learner: Learner, trajectories: list[Trajectory], episodes: l
     s = learner.settings
     logprobs: dict[int, Tensor] = {}
     mismatch = dict.fromkeys(("mismatch/abs", "mismatch/kl", "mismatch/truncated", "mismatch/tokens", "mismatch/abs_max"), 0.0)
-    batch = collate([trajectories[i] for i in episodes], learner.pad_id) if episodes else None
+    batch = collate([trajectories[i] for i in episodes], learner.pad_id, learner.vision) if episodes else None
     pieces = micro_batches(batch, s.micro_batch_size, s.micro_batch_tokens) if batch is not None else []
     device = device_of(learner.model)
     learner.model.eval()
@@ -482,6 +483,8 @@ class Learner:
     settings: UpdateSettings
     sharing: Replicated | Sharded = Replicated()
     """How the ranks hold `model` (and a sharded `reference`); its `recompute` runs through it."""
+    vision: VisionInput | None = None
+    """How the model reads the episodes' pictures (a vision-language policy's)."""
 
 
 class BatchUpdate(NamedTuple):
@@ -518,7 +521,7 @@ def train_on_batch(learner: Learner, trajectories: list[Trajectory], order: list
         learner.optimizer.zero_grad(set_to_none=True)
         mine = update_order(rank_share(run, s.group_size, world), trajectories, s.micro_batch_size)
         part, logprobs = policy_update(
-            learner.model, learner.reference, collate([trajectories[i] for i in mine], learner.pad_id) if mine else None,
+            learner.model, learner.reference, collate([trajectories[i] for i in mine], learner.pad_id, learner.vision) if mine else None,
             advantages[mine], learner.algorithm, learner.correction, learner.recompute, s.temperature, s.micro_batch_size,
             totals, s.micro_batch_tokens, None if before is None or not mine else rows_of(before, mine),
             measure_mismatch=before is None and number == 0,  # the weights that sampled, still
@@ -632,6 +635,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         same_vocabulary(policy, teacher_policy, cfg.algorithm.teacher)
         teacher = Teacher(
             teacher_policy.model.eval(), recompute, policy.pad_id, rl.temperature, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens,
+            teacher_policy.vision,
         )
         credit = DistilledCredit(credit, teacher, cfg.algorithm.teacher_coef, cfg.algorithm.teacher_alone)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -641,6 +645,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     learner = Learner(
         model, reference, trainable, optimizer, scheduler, algorithm, correction,
         replace(recompute, logprobs=sharing.logprobs(recompute.logprobs)), world, policy.pad_id, UpdateSettings.of(cfg), sharing,
+        policy.vision,
     )
     generator = torch.Generator().manual_seed(cfg.run.seed)
     restored = (

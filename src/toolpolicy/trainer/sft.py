@@ -31,6 +31,7 @@ from toolpolicy.build import trainable_policy
 from toolpolicy.checks import check_processes
 from toolpolicy.config import Config
 from toolpolicy.model.placement import device_of, memory_metrics, resolve_device
+from toolpolicy.model.vision import VisionInput
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import FULL_SEQUENCES, Lockstep, Recompute, collate, micro_batches, own_count, padding_passes
 from toolpolicy.trainer.checkpoint import MetricsLog, restore_state, resume_from, save_checkpoint, save_final
@@ -71,13 +72,15 @@ def sft_loss(
     total_tokens: float | None = None,
     recompute: Recompute = FULL_SEQUENCES,
     lockstep: Lockstep = own_count,
+    vision: VisionInput | None = None,
 ) -> float:
     """Negative log-likelihood of the assistant tokens of `examples` over `total_tokens` (default:
     theirs, the mean per token; under torchrun the whole batch's, `examples` being this rank's
     share); gradients accumulate in `model`, over micro-batches of at most micro_batch_size rows
     and micro_batch_tokens positions. `recompute` runs the model (through its sharded root);
-    `lockstep` pads this rank's passes to the other ranks' (see trainer/batch.py)."""
-    batch = collate(sorted(examples, key=lambda t: len(t.token_ids)), pad_id) if examples else None  # similar lengths share a micro-batch
+    `lockstep` pads this rank's passes to the other ranks' (see trainer/batch.py); `vision`
+    gives the pixels of the examples' pictures (a vision-language model's)."""
+    batch = collate(sorted(examples, key=lambda t: len(t.token_ids)), pad_id, vision) if examples else None  # similar lengths share a micro-batch
     pieces = micro_batches(batch, micro_batch_size, micro_batch_tokens) if batch is not None else []
     total_tokens = total_tokens if total_tokens is not None else float(batch.loss_mask.sum()) if batch is not None else 1.0
     total = 0.0
@@ -128,7 +131,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         optimizer.zero_grad(set_to_none=True)
         loss = sft_loss(
             model, mine, policy.pad_id, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens, tokens, recompute,
-            sharing.lockstep(world),
+            sharing.lockstep(world), policy.vision,
         )
         loss = world.reduce_stats({"loss": loss}, ())["loss"]
         sharing.reduce_gradients(trainable, world)

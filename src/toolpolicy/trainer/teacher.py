@@ -17,6 +17,7 @@ from toolpolicy.algorithms import expand_group_mask
 from toolpolicy.algorithms.distill import distillation_advantages, reverse_kl_per_token
 from toolpolicy.config import ConfigError
 from toolpolicy.model import PolicyModel
+from toolpolicy.model.vision import VisionInput
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import Recompute, TokenBatch, collate, micro_batches
 from toolpolicy.trainer.credit import Credit
@@ -43,6 +44,8 @@ class Teacher:
     temperature: float
     micro_batch_size: int
     micro_batch_tokens: int | None
+    vision: VisionInput | None = None
+    """How the teacher reads the episodes' pictures (a vision-language teacher's)."""
     reverse_kl: float = field(default=0.0, init=False)
     """The last scored episodes' reverse KL(student || teacher) per sampled token."""
     tokens: int = field(default=0, init=False)
@@ -85,7 +88,7 @@ class DistilledCredit:
         rows = torch.nonzero(expand_group_mask(groups, group_size)).flatten().tolist()
         if rows:
             scored = [trajectories[i] for i in rows]
-            batch = collate(scored, self.teacher.pad_id)
+            batch = collate(scored, self.teacher.pad_id, self.teacher.vision)
             teacher = self.teacher.logprobs(batch)  # [R, l]
             signal = distillation_advantages(batch.old_logprobs, teacher, batch.loss_mask, self.coef)
             out[rows, : signal.shape[1]] += signal

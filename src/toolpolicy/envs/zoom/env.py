@@ -1,0 +1,184 @@
+"""`zoom`: read a 3-digit code in a picture; look closer only where it is drawn too small.
+
+Each task is a PICTURE x PICTURE picture with clutter (outlined boxes) and a code. The model
+first sees it scaled down to VIEW x VIEW pixels:
+
+- easy: the code is drawn large (FONT_LARGE pixels high, a quarter of that in the view):
+  readable at once, and a zoom is needless;
+- hard: the code is drawn small (FONT_SMALL pixels, under 4 in the view) in a pink square,
+  one cell of a GRID x GRID grid; in the view the square shows but the digits do not, and
+  `zoom` on the cell returns it at full resolution (a CELL-pixel region scaled to the view,
+  so 1:1), where they read like an easy code.
+
+The tools are `picture_tools` (tools/images.py) over the task's picture: zoom by default
+(`tools` lists others: rotate, draw_box, draw_point). The policy (policy.yaml) refuses a
+region outside the picture and a third zoom. Scoring inputs in `task.info`: the code, the
+difficulty, `evidence` (the code's bounding box, in the picture's pixels), `min_tool_calls`
+(1 on hard tasks, 0 on easy: every zoom on an easy task is needless). Rewards
+(rewards/regions.py): a zoom is faithful when its region holds the whole evidence box.
+
+`expert_turns` is the imperfect demonstrator for the SFT cold start: on hard tasks it
+zooms on the right cell only some of the time (on a wrong one, or not at all, otherwise,
+and then guesses), and it zooms needlessly on some easy tasks. RL has to repair both.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image as PILImage
+from PIL import ImageDraw, ImageFont
+
+from toolpolicy.tools.images import picture_tools, png
+from toolpolicy.tools.toolset import ToolSet
+from toolpolicy.types import Message, Task, ToolCall
+
+POLICY_FILE = Path(__file__).with_name("policy.yaml")
+PICTURE, GRID, VIEW = 256, 4, 64
+CELL = PICTURE // GRID
+FONT_LARGE, FONT_SMALL = 56, 15
+SYSTEM_PROMPT = (
+    f"Read the 3-digit code in the picture ({PICTURE}x{PICTURE} pixels, shown small). If it is too small to read, "
+    f"zoom into the pink square (x, y, width, height in pixels). Finish with: Answer: <code>"
+)
+
+
+@dataclass(frozen=True)
+class ExpertStyle:
+    """How often the demonstrator does what, per task."""
+
+    zoom_on_hard: float = 0.5
+    """Probability of zooming on a hard task (otherwise it guesses the code)."""
+    right_cell: float = 0.8
+    """Probability that a zoom on a hard task is on the pink square (else on another cell, then a guess)."""
+    zoom_on_easy: float = 0.3
+    """Probability of a needless zoom on an easy task (on a random cell; it answers right anyway)."""
+
+
+def draw_task(info: dict[str, Any]) -> PILImage.Image:
+    """The task's full picture, the same every time for the same `info` (its seed, code, cell)."""
+    rng = random.Random(f"zoom/{info['seed']}")
+    picture = PILImage.new("RGB", (PICTURE, PICTURE), (236, 236, 236))
+    draw = ImageDraw.Draw(picture)
+    for _ in range(6):  # clutter: outlined boxes in greys, blues and greens
+        x, y = rng.randrange(PICTURE - 40), rng.randrange(PICTURE - 40)
+        colour = rng.choice([(150, 150, 150), (90, 120, 200), (80, 160, 110)])
+        draw.rectangle((x, y, x + rng.randint(20, 60), y + rng.randint(20, 60)), outline=colour, width=2)
+    code = info["code"]
+    if info["difficulty"] == "hard":
+        row, col = info["cell"]
+        draw.rectangle((col * CELL + 2, row * CELL + 2, (col + 1) * CELL - 3, (row + 1) * CELL - 3), fill=(255, 190, 200), outline=(220, 40, 60), width=3)
+    x, y = info["at"]
+    draw.text((x, y), code, fill=(0, 0, 0), font=_font(info["difficulty"]))
+    return picture
+
+
+def _font(difficulty: str) -> ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=FONT_SMALL if difficulty == "hard" else FONT_LARGE)
+
+
+def _placed(difficulty: str, code: str, rng: random.Random) -> dict[str, Any]:
+    """Where the code goes (its top-left `at`, the hard task's `cell`) and its bounding box."""
+    probe = ImageDraw.Draw(PILImage.new("RGB", (1, 1)))
+    left, top, right, bottom = probe.textbbox((0, 0), code, font=_font(difficulty))
+    width, height = right - left, bottom - top
+    if difficulty == "hard":
+        row, col = rng.randrange(GRID), rng.randrange(GRID)
+        x, y = col * CELL + (CELL - width) // 2 - left, row * CELL + (CELL - height) // 2 - top
+        cell: list[int] | None = [row, col]
+    else:
+        x, y = rng.randint(8, PICTURE - 8 - width) - left, rng.randint(8, PICTURE - 8 - height) - top
+        cell = None
+    return {"at": [x, y], "cell": cell, "evidence": [x + left, y + top, x + right, y + bottom]}
+
+
+class ZoomEnv:
+    """Codes in pictures, small or large; see the module docstring."""
+
+    name = "zoom"
+    system_prompt = SYSTEM_PROMPT
+    policy_file = POLICY_FILE
+    success_reward = "correct_answer"
+    default_rewards = {
+        "correct_answer": 1.0,
+        "excess_tool_calls": -0.3,
+        "faithful_zoom": 0.1,
+        "unfaithful_zooms": -0.1,
+        "invalid_call_count": -0.2,
+        "tool_call_count": 0.0,
+        "ignored_crop": 0.0,
+    }
+
+    def __init__(self, hard_fraction: float = 0.5, tools: tuple[str, ...] = ("zoom",)) -> None:
+        everything = picture_tools(PILImage.new("RGB", (PICTURE, PICTURE)), VIEW)
+        unknown = sorted(set(tools) - set(everything.names))
+        if unknown:
+            raise ValueError(f"zoom env: unknown tool(s) {unknown}; it has {list(everything.names)}")
+        self.hard_fraction = hard_fraction
+        self.listed = tuple(tools)
+        self.tools = ToolSet([everything[name] for name in self.listed])
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        rng = random.Random(f"zoom/{split}/{seed}")
+        out = []
+        for i in range(n):
+            difficulty = "hard" if rng.random() < self.hard_fraction else "easy"
+            code = f"{rng.randint(100, 999)}"
+            info = {
+                "difficulty": difficulty, "code": code, "seed": f"{split}-{seed}-{i}", **_placed(difficulty, code, rng),
+                "min_tool_calls": int(difficulty == "hard"), "gate_facts": {"image_width": PICTURE, "image_height": PICTURE},
+            }  # fmt: skip
+            out.append(Task(f"{split}-{seed}-{i}", "What is the code?", code, info))
+        return out
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        view = png(draw_task(task.info).resize((VIEW, VIEW), PILImage.BILINEAR))
+        return [Message("system", self.system_prompt), Message("user", task.prompt, images=(view,))]
+
+    def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
+        return None
+
+    def session(self, task: Task) -> ZoomSession:
+        return ZoomSession(task, self.listed)
+
+    def expert_turns(self, task: Task, rng: random.Random, style: ExpertStyle) -> list[Message]:
+        """The demonstrator's assistant messages for `task` (see the module docstring)."""
+        info = task.info
+        if info["difficulty"] == "easy":
+            if rng.random() < style.zoom_on_easy:
+                return [zoom_on(rng.randrange(GRID), rng.randrange(GRID)), Message("assistant", f"Answer: {task.answer}")]
+            return [Message("assistant", f"Answer: {task.answer}")]
+        if rng.random() >= style.zoom_on_hard:
+            return [Message("assistant", f"Answer: {_guess(task.answer, rng)}")]
+        row, col = info["cell"]
+        if rng.random() < style.right_cell:
+            return [zoom_on(row, col), Message("assistant", f"Answer: {task.answer}")]
+        wrong = rng.choice([(r, c) for r in range(GRID) for c in range(GRID) if (r, c) != (row, col)])
+        return [zoom_on(*wrong), Message("assistant", f"Answer: {_guess(task.answer, rng)}")]
+
+
+class ZoomSession:
+    """One episode: the picture tools over the task's own picture."""
+
+    def __init__(self, task: Task, listed: tuple[str, ...]) -> None:
+        tools = picture_tools(draw_task(task.info), VIEW)
+        self.tools = ToolSet([tools[name] for name in listed])
+
+    def on_answer(self, messages: list[Message]) -> list[Message] | None:
+        return None
+
+    def finish(self) -> dict[str, Any]:
+        return {}
+
+
+def zoom_on(row: int, col: int) -> Message:
+    """A zoom on cell (row, col) of the grid."""
+    return Message("assistant", "", (ToolCall("zoom", {"x": col * CELL, "y": row * CELL, "width": CELL, "height": CELL}),))
+
+
+def _guess(code: str, rng: random.Random) -> str:
+    """A wrong code of three digits."""
+    return next(guess for guess in (f"{rng.randint(100, 999)}" for _ in range(100)) if guess != code)
