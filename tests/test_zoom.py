@@ -155,3 +155,62 @@ def test_a_rendered_episode_holds_a_span_per_picture(env, tasks):
     with RolloutEngine(env, TEMPLATE, encode, decode, backend, LIMITS) as engine:
         (trajectory,) = engine.run([hard])
     assert decode(trajectory.token_ids).count(IMAGE_PAD) == 2 * 4  # the view and the crop, 4 pads each here
+
+
+# ---- the whole job on a tiny VLM: SFT, RL, evaluation and the report's viewer ----------------
+
+TINY_VLM = {
+    "embedded.vocab_size": 300, "embedded.hidden_size": 32, "embedded.layers": 1, "embedded.heads": 2, "embedded.kv_heads": 1,
+    "embedded.intermediate_size": 64, "embedded.tokenizer_texts": 20, "embedded.image_size": 16, "embedded.vision_hidden_size": 16,
+    "embedded.vision_layers": 1, "sft.examples": 32, "sft.steps": 2, "sft.batch_size": 8, "rl.steps": 1, "rl.prompts_per_step": 2,
+    "rl.group_size": 2, "rl.max_idle_steps": 0, "rl.store_rollouts": True, "eval.tasks": 2, "eval.samples": 1, "run.threads": 1,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def zoom_run(tmp_path_factory: pytest.TempPathFactory):
+    """`toolpolicy demo` of configs/zoom.yaml at a tiny size: an embedded VLM built, SFT on the
+    demonstrator's pictures, one RL step with stored rollouts, evaluations and the report."""
+    from toolpolicy.cli import main
+    from toolpolicy.demo import default_config_path
+
+    run_dir = tmp_path_factory.mktemp("zoom") / "run"
+    settings = [a for key, value in {**TINY_VLM, "run.dir": run_dir}.items() for a in ("--set", f"{key}={value}")]
+    assert main(["demo", "--config", str(default_config_path().with_name("zoom.yaml")), *settings]) == 0
+    return run_dir
+
+
+def test_the_zoom_job_runs_end_to_end_on_an_embedded_vlm(zoom_run):
+    import json
+
+    from toolpolicy.rollout.store import read_step
+
+    config = json.loads((zoom_run / "model" / "config.json").read_text())
+    assert config["model_type"] == "llava" and config["vision_config"]["image_size"] == 16
+    (episode, *_) = read_step(zoom_run / "rl" / "rollouts", 1)
+    assert episode.image_starts and len(episode.image_starts) == sum(len(m.get("images", ())) for m in episode.messages)
+    rl = [json.loads(line) for line in (zoom_run / "metrics.jsonl").read_text().splitlines() if '"rl"' in line]
+    assert rl and "rewards/faithful_zoom" in rl[0]
+
+
+def test_the_viewer_shows_the_pictures_inline(zoom_run):
+    from browser import chromium, missing_browser
+
+    from toolpolicy.rollout.store import read_step
+
+    reason = missing_browser()
+    if reason:
+        pytest.skip(reason)
+    (first, *_) = read_step(zoom_run / "rl" / "rollouts", 1)
+    pads = first.token_ids.count(first.token_ids[first.image_starts[0]])  # the placeholders, drawn as the pictures
+    with chromium() as context:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto((zoom_run / "report.html").as_uri())
+        page.wait_for_selector("#viewer-list tbody tr")
+        pictures = page.locator("#viewer-episode .tokens img.picture")
+        assert pictures.count() == len(first.image_starts)
+        assert all(pictures.nth(k).evaluate("img => img.complete && img.naturalWidth > 0") for k in range(pictures.count()))
+        assert page.locator("#viewer-episode .tokens .tok").count() == len(first.token_ids) - pads
+        assert errors == []

@@ -158,6 +158,16 @@ class EmbeddedSection(Section):
     """Demonstration conversations the tokenizer is trained on."""
     compact_tools_prompt: bool = True
     """Describe tools in a short system-prompt block instead of Qwen2.5's long one (cheaper for a tiny model)."""
+    image_size: int = Field(0, ge=0)
+    """Side of the square a picture is resized to for the embedded model's vision tower (a tiny CLIP
+    ViT, joined to the Qwen2 as LLaVA: model/vision.py); 0 builds a text-only model. An environment
+    that shows pictures (zoom) needs one."""
+    patch: int = Field(8, ge=1)
+    """image_size > 0: side of one patch; (image_size / patch)^2 placeholder tokens a picture."""
+    vision_hidden_size: int = Field(64, ge=8)
+    """image_size > 0: width of the vision tower."""
+    vision_layers: int = Field(2, ge=1)
+    """image_size > 0: transformer blocks of the vision tower."""
 
 
 class EnvSection(NamedSection):

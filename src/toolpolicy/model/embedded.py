@@ -20,6 +20,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from toolpolicy.chat import ENDOFTEXT, IM_END, SPECIAL_TOKENS, HermesTemplate
+from toolpolicy.chat.images import VISION_TOKENS
+from toolpolicy.model.vision import VisionShape, build_vision_model
 
 PAD_TOKEN = ENDOFTEXT
 EOS_TOKEN = IM_END
@@ -76,7 +78,14 @@ def train_tokenizer(
 
 def build_model(tokenizer: PreTrainedTokenizerFast, shape: ModelShape, seed: int) -> Qwen2ForCausalLM:
     """A freshly initialised Qwen2 whose vocabulary matches `tokenizer`."""
-    config = Qwen2Config(
+    config = text_config(tokenizer, shape)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def text_config(tokenizer: PreTrainedTokenizerFast, shape: ModelShape) -> Qwen2Config:
+    """The embedded Qwen2's config: `shape`, `tokenizer`'s vocabulary and special ids."""
+    return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -89,14 +98,18 @@ def build_model(tokenizer: PreTrainedTokenizerFast, shape: ModelShape, seed: int
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
 
 
-def save_embedded(out_dir: Path, texts: Iterable[str], template: HermesTemplate, shape: ModelShape, seed: int) -> Path:
-    """Build tokenizer and model and save both to `out_dir` as a Hugging Face checkpoint."""
-    tokenizer = train_tokenizer(texts, shape.vocab_size, template)
-    model = build_model(tokenizer, shape, seed)
+def save_embedded(
+    out_dir: Path, texts: Iterable[str], template: HermesTemplate, shape: ModelShape, seed: int, vision: VisionShape | None = None
+) -> Path:
+    """Build tokenizer and model and save both to `out_dir` as a Hugging Face checkpoint; with
+    `vision`, the embedded VLM (model/vision.py) whose language model is of `shape`."""
+    tokenizer = train_tokenizer(texts, shape.vocab_size, template, VISION_TOKENS if vision is not None else ())
+    if vision is None:
+        model = build_model(tokenizer, shape, seed)
+    else:
+        model = build_vision_model(tokenizer, text_config(tokenizer, shape), vision, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

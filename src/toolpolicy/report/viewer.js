@@ -172,12 +172,24 @@
     const eventsByTurn = new Map();
     for (const ev of e.events) eventsByTurn.set(ev[1], [...(eventsByTurn.get(ev[1]) || []), ev]);
     const turnEndingAt = new Map(e.turns.map(([, end], turn) => [end, turn]));
+    const pictureAt = new Map((e.images || []).map(([start, source]) => [start, source]));
+    let inPicture = -1;  // the placeholder id of the picture being skipped, or -1
     const flushTurn = (turn) => {
       if (eventsByTurn.has(turn)) { box.append(eventsBlock(eventsByTurn.get(turn))); eventsByTurn.delete(turn); }
     };
     e.ids.forEach((id, i) => {
       if (i < first) return;
       if (turnEndingAt.has(i)) flushTurn(turnEndingAt.get(i));
+      if (pictureAt.has(i)) {  // the picture in place of its run of placeholders
+        const picture = element("img", "picture");
+        picture.src = pictureAt.get(i);
+        picture.alt = `picture at token ${i}`;
+        box.append(picture);
+        inPicture = id;
+        return;
+      }
+      if (inPicture === id) return;
+      inPicture = -1;
       const k = index[i];
       const kind = k >= 0 ? "sampled" : i < e.prompt_len ? "prompt" : "observation";
       const token = element("span", `tok ${kind}`, data.vocab[id]);

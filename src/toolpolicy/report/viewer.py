@@ -136,7 +136,13 @@ def episode_entry(e: StoredEpisode) -> dict[str, Any]:
         "adv": compact_advantages(e.advantages),
         "turns": [[s, t] for s, t in zip(e.turn_starts, e.turn_ends)],
         "events": [[ev["kind"], ev["turn"], ev["detail"] or ""] for ev in e.events],
+        "images": [[start, f"data:image/png;base64,{image['png']}"] for start, image in zip(e.image_starts, shown_images(e.messages))],
     }
+
+
+def shown_images(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pictures of stored messages (`Message.to_dict`), in the order the episode shows them."""
+    return [image for message in messages for image in message.get("images", ())]
 
 
 def step_rewards(metrics: Sequence[dict[str, Any]] | None) -> list[list[float]]:

@@ -27,7 +27,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ SCHEMA = pa.schema([
     ("staleness", pa.int32()),
     ("messages", pa.string()),
     ("outcome", pa.string()),
+    ("image_starts", pa.list_(pa.int32())),
 ])
 STEP_FILE = re.compile(r"step_(\d{6})\.parquet")
 
@@ -89,6 +90,9 @@ class StoredEpisode:
     staleness: int
     messages: list[dict[str, Any]]
     outcome: dict[str, Any]
+    image_starts: list[int] = field(default_factory=list)
+    """Where each picture's placeholders start in token_ids; the pictures, in the same order,
+    are those of `messages` (each message's `images`, base64 PNG)."""
 
     @property
     def sampled_positions(self) -> list[int]:
@@ -150,6 +154,7 @@ def step_table(step: int, group_size: int, staleness: int, records: Sequence[Epi
             "staleness": staleness,
             "messages": json.dumps([m.to_dict() for m in episode.messages]),
             "outcome": json.dumps(episode.outcome, default=str),
+            "image_starts": [position for position, _ in t.images],
         })
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
@@ -187,4 +192,5 @@ def stored_episode(row: dict[str, Any]) -> StoredEpisode:
         "components": dict(row["components"]),
         "messages": json.loads(row["messages"]),
         "outcome": json.loads(row["outcome"]),
+        "image_starts": list(row.get("image_starts") or ()),  # absent from steps stored before pictures
     })

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from toolpolicy.build import build_env, episode_limits
@@ -12,7 +13,9 @@ from toolpolicy.envs import Env
 from toolpolicy.chat import ChatTemplate
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.model import char_codec, make_template
+from toolpolicy.chat.images import ImageSpan
 from toolpolicy.model.embedded import ModelShape, save_embedded
+from toolpolicy.model.vision import VisionShape
 from toolpolicy.rollout import RolloutEngine, ScriptedBackend, Trajectory
 from toolpolicy.types import Message, Task
 from toolpolicy.checks import demonstrator_options
@@ -83,8 +86,15 @@ def build_embedded(cfg: Config, out_dir: Path) -> Path:
     conversations of sft.data) and save a fresh tiny Qwen2 of the `embedded` section's shape to `out_dir`."""
     encode, decode = char_codec()
     tiny = cfg.embedded
+    vision = None
+    if tiny.image_size:
+        if tiny.image_size % tiny.patch:
+            raise ConfigError(f"field 'embedded.patch': {tiny.patch} does not divide embedded.image_size {tiny.image_size}")
+        vision = VisionShape(tiny.image_size, tiny.patch, tiny.vision_hidden_size, tiny.vision_layers)
     template = make_template(tiny.compact_tools_prompt)
+    if vision is not None:  # the demonstrations' pictures as the model will read them
+        template = replace(template, image_span=ImageSpan(lambda image: (vision.image_size // vision.patch) ** 2))
     examples = sft_examples(cfg, tiny.tokenizer_texts, template, encode, decode, "tokenizer")[: tiny.tokenizer_texts]
     texts = [decode(t.token_ids) for t in examples]
     shape = ModelShape(tiny.vocab_size, tiny.hidden_size, tiny.layers, tiny.heads, tiny.kv_heads, tiny.intermediate_size)
-    return save_embedded(out_dir, texts, template, shape, cfg.run.seed)
+    return save_embedded(out_dir, texts, template, shape, cfg.run.seed, vision)
