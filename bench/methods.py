@@ -1,7 +1,7 @@
 """Rollout methods against GRPO: fission, entropy-guided branching and success replay, several seeds.
 
     .venv/bin/python bench/methods.py --env calc [--seeds 0 1 2] [--steps N] [--threads 2]
-        [--methods grpo fission entropy replay] [--work runs/methods-calc] [--out bench/results/methods_calc.json]
+        [--methods grpo fission entropy replay] [--work runs/methods-calc] [--out docs/results/methods/calc.json]
     .venv/bin/python bench/methods.py --env hotel ...
 
 Every run is RL from the environment's shipped SFT checkpoint with its config (ENVS), the same
@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     env = ENVS[args.env]
     work = args.work or ROOT / "runs" / f"methods-{args.env}"
-    out = args.out or ROOT / "bench" / "results" / f"methods_{args.env}.json"
+    out = args.out or ROOT / "docs" / "results" / "methods" / f"{args.env}.json"  # the README's table (report/readme_tables.py)
     table = methods(env["prompts"])
     tasks, samples = env["eval"]
     steps = args.steps or env["steps"]

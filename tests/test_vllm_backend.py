@@ -337,3 +337,7 @@ def test_a_backend_without_request_seeds_refuses_a_seeded_request_instead_of_dro
     with pytest.raises(ValueError, match="backend vllm takes no seed per request"):
         unseeded([*plain, GenRequest(2, [1], 4, seed=7)], "vllm")
     assert {name: c.request_seeds for name, c in CAPABILITIES.items()} == {"hf": True, "vllm": False, "server": False}
+    from toolpolicy.types import Image
+
+    with pytest.raises(ValueError, match="backend server passes no pictures"):
+        unseeded([*plain, GenRequest(2, [1], 4, images=((0, Image(b"", 1, 1)),))], "server")

@@ -107,10 +107,31 @@ def smollm2_calc_table(always: dict[str, Any], sft: dict[str, Any], rl: dict[str
     )
 
 
+def methods_table(*results: dict[str, Any]) -> str:
+    """Rollout methods against GRPO (bench/methods.py), one block of rows per environment: the
+    held-out accuracy over seeds with its 95% t interval, the paired difference to GRPO with
+    its interval, the tokens sampled and the minutes a run took."""
+
+    def spread(figure: dict[str, float]) -> str:
+        return f"{figure['mean'] * 100:.1f} +- {figure['half_width'] * 100:.1f}"
+
+    rows = []
+    for result in results:
+        for method, figures in result["summary"].items():
+            difference = figures["minus_grpo"]
+            rows.append((
+                result["env"], method, spread(figures["held_out"]),
+                "" if method == "grpo" or difference is None else f"{spread(difference)} pts",
+                f"{figures['sampled_tokens'] / 1000:.0f}k", f"{figures['wall_minutes']:.1f}",
+            ))
+    return _markdown(("env", "method", "held-out accuracy (%)", "minus GRPO", "tokens sampled", "minutes"), rows)
+
+
 TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
     "demo": (demo_table, ("sft", "rl")),
     "smollm2-calc": (smollm2_calc_table, ("sft-always-calls", "sft", "rl")),
     "hotel": (hotel_table, ("sft-gate-off", "rl-gate-off", "sft-gate-on", "rl-gate-on")),
+    "methods": (methods_table, ("calc", "hotel")),
 }
 """Each table: its renderer and the eval names of its columns, in the renderer's argument order."""
 

@@ -75,10 +75,13 @@ that a vLLM engine would not use is refused when the config is loaded, never dro
 
 
 def unseeded(requests: list[GenRequest], backend: str) -> list[GenRequest]:
-    """`requests`, if none carries a seed: a backend without `request_seeds` refuses one
-    instead of sampling it from its own stream as though it were honoured."""
+    """`requests`, if none carries a seed or a picture: a backend without `request_seeds`
+    refuses a seed instead of sampling it from its own stream as though it were honoured, and
+    one that passes no pixels refuses a picture instead of sampling as though it saw it."""
     if any(request.seed is not None for request in requests):
         raise ValueError(f"backend {backend} takes no seed per request (rl.sampling_streams: episode needs backend hf)")
+    if any(request.images for request in requests):
+        raise ValueError(f"backend {backend} passes no pictures to the model (episodes that show pictures need backend hf)")
     return requests
 
 
