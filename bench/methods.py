@@ -10,8 +10,9 @@ the same number of episodes a step: GRPO samples `prompts` groups of the config'
 branching method samples `prompts - BRANCH_GROUPS` groups from the task's start and up to
 BRANCH_GROUPS branched groups from inside them (trainer/branching.py). A branch starts
 mid-episode, so it samples fewer tokens than a whole episode: each run's sampled tokens are
-in the file, and a branching method is compared at no more tokens than GRPO's. Wall time
-is the sum of the steps' `time/step`.
+in the file, and a branching method is compared at no more tokens than GRPO's; with
+`--equal-tokens fission`, fission also runs for as many more steps as it takes to sample
+GRPO's mean tokens (arm fission@tokens). Wall time is the sum of the steps' `time/step`.
 
 Held-out accuracy: the environment's EVAL tasks x samples of each final model, the same
 tasks for every run; the mean over seeds with a 95% t interval, and each method's paired
@@ -22,6 +23,7 @@ evaluations already done are not run again.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="RL steps of each run (default: the environment's)")
     parser.add_argument("--methods", nargs="+", default=["grpo", "fission", "entropy", "replay"])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--equal-tokens", nargs="*", default=[], metavar="METHOD",
+        help="also run METHOD for as many more steps as it takes to sample GRPO's tokens (arm METHOD@tokens)",
+    )
     args = parser.parse_args()
     env = ENVS[args.env]
     work = args.work or ROOT / "runs" / f"methods-{args.env}"
@@ -73,11 +79,20 @@ def main() -> None:
 
     start_accuracy = held_out("start", env["start"])
     runs: dict[str, list[dict[str, Any]]] = {method: [] for method in args.methods}
-    for seed in args.seeds:
-        for method in args.methods:
-            name = f"{method}-seed{seed}"
+    arms = [(method, method, steps) for method in args.methods]
+    for method in args.equal_tokens:  # after the arms whose tokens they match have run
+        runs[f"{method}@tokens"] = []
+        arms.append((f"{method}@tokens", method, 0))
+    steps_of: dict[str, int] = {}
+    for arm, method, arm_steps in arms:
+        if not arm_steps:  # GRPO's mean sampled tokens over the method's, at the environment's steps
+            ratio = statistics.fmean(r["sampled_tokens"] for r in runs["grpo"]) / statistics.fmean(r["sampled_tokens"] for r in runs[method])
+            arm_steps = math.ceil(steps * ratio)
+        steps_of[arm] = arm_steps
+        for seed in args.seeds:
+            name = f"{arm.replace('@', '-')}-seed{seed}"
             settings = {"run.seed": seed, "rl.task_pool": env["pool"], **table[method]}
-            run = rl_run(work, name, env["start"], steps, settings, args.threads, env["config"])
+            run = rl_run(work, name, env["start"], arm_steps, settings, args.threads, env["config"])
             run["held_out"] = held_out(name, work / name / "rl" / "final")
             rows = rl_rows(work / name)
             run.update({
@@ -89,7 +104,7 @@ def main() -> None:
                 "signal_groups": sum(r["signal_groups"] for r in rows),
             })
             run.pop("reverse_kl", None)
-            runs[method].append(run)
+            runs[arm].append(run)
             print(f"{name}: held-out {run['held_out']:.3f}, {run['sampled_tokens']} tokens, {run['wall_seconds']:.0f} s", flush=True)
     summary = {}
     for method, done in runs.items():
@@ -103,7 +118,7 @@ def main() -> None:
         "env": args.env, "config": str(env["config"].relative_to(ROOT)), "start": str(env["start"].relative_to(ROOT)),
         "start_held_out": start_accuracy, "steps": steps, "task_pool": env["pool"], "episodes_per_step": env["prompts"],
         "branch_groups": BRANCH_GROUPS, "eval": {"tasks": tasks, "samples": samples}, "seeds": args.seeds,
-        "methods": {method: table[method] for method in args.methods}, "summary": summary, "runs": runs,
+        "methods": {method: table[method] for method in args.methods}, "steps_of": steps_of, "summary": summary, "runs": runs,
     })
     for method, figures in summary.items():
         print(method, figures)
