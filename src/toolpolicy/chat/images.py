@@ -47,8 +47,8 @@ def image_text(span: ImageSpan | None, message: Message) -> str:
     if span is None:
         raise ImagesUnreadable(
             f"a {message.role} message{f' from {message.name}' if message.name else ''} carries {len(message.images)} "
-            "image(s), but the model has no vision encoder: use a vision-language model (model.source: embedded_vision), "
-            "or make the tool return text"
+            "image(s), but the model has no vision encoder: use a vision-language model (for the embedded model, set "
+            "embedded.image_size), or make the tool return text"
         )
     return "".join(span.text(image) for image in message.images)
 
