@@ -227,9 +227,7 @@ def sample_groups(
         trajectories += [t for t, _ in scored]
         scores += [score for _, score in scored]
         replayed += stand_ins
-        usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
-        rewards, weights = reward_matrix(rubric, scores, usable, size)  # [B, C], [C]
-        signal = credit.signal(trajectories, rewards, weights, size)  # [G]
+        usable, rewards, weights, signal = judged(rubric, credit, trajectories, scores, size)
         if not sampling.dynamic or int(signal.sum()) >= sampling.prompts:
             break
     groups = first_groups(signal, sampling.prompts) if sampling.dynamic else torch.ones_like(signal)  # [G]
@@ -237,6 +235,16 @@ def sample_groups(
         trajectories, scores, rewards, weights, usable, signal, groups, refill, torch.tensor(replayed, dtype=torch.bool),
         torch.zeros(len(trajectories), dtype=torch.bool),
     )
+
+
+def judged(
+    rubric: Rubric, credit: Credit, trajectories: list[Trajectory], scores: list[Score], size: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The episodes free of infrastructure errors [B], the reward matrix [B, C] (infra-failed
+    episodes filled from their group) with its weights [C], and the groups with a signal [G]."""
+    usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
+    rewards, weights = reward_matrix(rubric, scores, usable, size)  # [B, C], [C]
+    return usable, rewards, weights, credit.signal(trajectories, rewards, weights, size)
 
 
 BRANCH_ROUND = 1_000
@@ -262,9 +270,7 @@ def branch_groups(
     scored = rollouts.submit(tasks, seeds, size, branches)()
     trajectories = sampled.trajectories + [t for t, _ in scored]
     scores = sampled.scores + [score for _, score in scored]
-    usable = torch.tensor([t.episode.infra_error is None for t in trajectories])  # [B]
-    rewards, weights = reward_matrix(rubric, scores, usable, size)  # [B, C], [C]
-    signal = credit.signal(trajectories, rewards, weights, size)  # [G]
+    usable, rewards, weights, signal = judged(rubric, credit, trajectories, scores, size)
     own = signal[len(sampled.signal) :]  # [points]
     groups = torch.cat([sampled.groups, own if sampling.dynamic else torch.ones_like(own)])  # [G]
     added = torch.ones(len(scored), dtype=torch.bool)
@@ -683,6 +689,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     if replay is not None:
         replay.restore(restored.replay)
     idle_steps = 0  # steps in a row whose kept groups carried no signal
+    pick = PICKERS.get(cfg.algorithm.branch)  # where episodes branch (algorithm.branch), or None
 
     ahead: deque[tuple[int, Pending]] = deque()  # submitted first rounds of the next steps, with their weights' version
     updates = start  # rollout batches the trainer's weights have been updated on (a resumed run's samplers load them)
@@ -698,8 +705,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             version, first = ahead.popleft()
             staleness = updates - version  # batches' updates the first round's sampler had not seen
             sampled = sample_groups(pool, rubric, credit, sampling, step, first, replay)
-            if cfg.algorithm.branch != "none":
-                sampled = branch_groups(pool, rubric, credit, sampling, step, sampled, PICKERS[cfg.algorithm.branch], cfg.algorithm.branch_groups)
+            if pick is not None:
+                sampled = branch_groups(pool, rubric, credit, sampling, step, sampled, pick, cfg.algorithm.branch_groups)
             trajectories = sampled.trajectories
             rollout_time = time.perf_counter() - began
             check_dropped(trajectories, step, world.main)
@@ -733,7 +740,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             fresh_metrics = rollout_metrics([trajectories[i] for i in fresh], [sampled.scores[i] for i in fresh], success)
             record = {"phase": "rl", "step": step + 1, **fresh_metrics, **update}
             record["sampled_tokens"] = sum(t.sampled_tokens for t, stand_in in zip(trajectories, sampled.replayed.tolist()) if not stand_in)
-            if cfg.algorithm.branch != "none":
+            if pick is not None:
                 record.update(branch_metrics(sampled, rl.group_size, success))
             signal_groups = int((sampled.groups & sampled.signal).sum())
             record.update({"kept_groups": int(sampled.groups.sum()), "signal_groups": signal_groups})
@@ -757,7 +764,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
             record.update(memory_metrics(model, optimizer))
             if world.main:
                 log.write(record)
-                steps.set_postfix(progress_line(record, trajectories), refresh=False)
+                steps.set_postfix(progress_line(record), refresh=False)
             if (step + 1) % cfg.run.checkpoint_every == 0 or step + 1 == rl.steps:
                 save_checkpoint(
                     phase_dir, step + 1, whole, policy.tokenizer, optimizer, scheduler, generator, cfg.run.keep_checkpoints,
@@ -836,9 +843,9 @@ def sampled_advantages(advantages: Tensor, row: int, trajectory: Trajectory) -> 
     return advantages[row, : mask.shape[0]][mask].tolist()
 
 
-def progress_line(record: dict[str, float], trajectories: list[Trajectory]) -> dict[str, str]:
+def progress_line(record: dict[str, float]) -> dict[str, str]:
     """The RL bar's figures: reward, accuracy, kept groups, sampled tokens a second."""
-    sampled = sum(t.sampled_tokens for t in trajectories)
+    sampled = record["sampled_tokens"]
     return {
         "reward": f"{record.get('reward', 0.0):.3f}",
         "acc": f"{record.get('accuracy', 0.0):.2f}",
