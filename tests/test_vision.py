@@ -96,8 +96,14 @@ def test_a_vision_checkpoint_loads_with_its_image_span(vision_policy):
 
 
 def test_a_text_model_refuses_a_picture_with_a_clear_error():
+    from toolpolicy.rollout import Trajectory
+    from toolpolicy.types import Episode
+
     with pytest.raises(ImagesUnreadable, match="no vision encoder"):
         TEMPLATE.render([Message("tool", "", name="zoom", images=(drawing("1"),))])
+    shown = Trajectory([5, 9, 9, 6], [0, 0, 0, 1], [0.0] * 4, 3, Episode(Task("t", "", ""), []), images=[(1, drawing("1"))])
+    with pytest.raises(ImagesUnreadable, match="no vision encoder"):  # the trainer's batch, without the model's VisionInput
+        collate([shown], 0)
 
 
 def test_pictures_reach_the_ids_masked_and_the_trainer_agrees_with_the_sampler(vision_policy):

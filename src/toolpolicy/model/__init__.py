@@ -25,7 +25,7 @@ from toolpolicy.model.adapters import adapter_base, is_adapter, load_adapter, me
 from toolpolicy.model.files import check_checkpoint, diagnose_tokenizer
 from toolpolicy.model.gguf import local_checkpoint
 from toolpolicy.model.placement import Placement, place
-from toolpolicy.model.vision import VISION_MODEL_TYPES, VisionInput, vision_input
+from toolpolicy.model.vision import VisionInput, reads_pictures, vision_input
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,7 @@ def load_policy(path: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizerB
     folder = local_checkpoint(path)
     check_checkpoint(folder, parse_tokenizer=False)
     tokenizer = load_tokenizer(folder)
-    vision = AutoConfig.from_pretrained(folder).model_type in VISION_MODEL_TYPES  # a vision-language model (model/vision.py)
-    kind = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    kind = AutoModelForImageTextToText if reads_pictures(AutoConfig.from_pretrained(folder)) else AutoModelForCausalLM
     model = kind.from_pretrained(folder, dtype=torch.float32)
     return model, tokenizer
 

@@ -26,12 +26,17 @@ import torch
 from PIL import Image as PILImage
 from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, PreTrainedTokenizerBase, Qwen2Config
 
-from toolpolicy.chat.images import IMAGE_PAD, ImageSpan
+from toolpolicy.chat.images import IMAGE_PAD, ImageSpan, ImagesUnreadable
 from toolpolicy.tools.images import picture
 from toolpolicy.types import Image
 
 VISION_MODEL_TYPES = frozenset({"llava"})
 """Config model types loaded as vision-language policies (AutoModelForImageTextToText)."""
+
+
+def reads_pictures(config: object) -> bool:
+    """Whether a model of `config` is a vision-language model (VISION_MODEL_TYPES)."""
+    return getattr(config, "model_type", None) in VISION_MODEL_TYPES
 
 
 @dataclass(frozen=True)
@@ -75,10 +80,18 @@ class VisionInput:
         return (values.permute(2, 0, 1) - 0.5) / 0.5  # [3, S, S]
 
 
+def pixels_for(vision: VisionInput | None, images: Sequence[Image]) -> torch.Tensor:
+    """`vision.pixels(images)` [n, 3, S, S]; ImagesUnreadable when there are pictures and the
+    model reads none (the sampler's and the trainer's one check)."""
+    if vision is None:
+        raise ImagesUnreadable(f"the episodes show {len(images)} picture(s) but the model reads none (it has no vision encoder)")
+    return vision.pixels(images)
+
+
 def vision_input(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> VisionInput | None:
     """What `model` needs to read pictures, or None for a text-only model."""
     config = model.config
-    if getattr(config, "model_type", None) not in VISION_MODEL_TYPES:
+    if not reads_pictures(config):
         return None
     pad_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     if pad_id != config.image_token_index:
@@ -111,7 +124,7 @@ def unsampled_ids(model: torch.nn.Module) -> list[int]:
     """
     core = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(core, "config", None)
-    if getattr(config, "model_type", None) not in VISION_MODEL_TYPES:
+    if not reads_pictures(config):
         return []
     return [int(config.image_token_index)]
 

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import DynamicCache
 
-from toolpolicy.model.vision import VisionInput, unsampled_ids, without_ids
+from toolpolicy.model.vision import VisionInput, pixels_for, unsampled_ids, without_ids
 from toolpolicy.rollout.kv_cache import Forward, RowCache, cache_argument, position_bytes
 from toolpolicy.types import Image, Message
 
@@ -324,9 +324,7 @@ def _forward_of(model: torch.nn.Module, vision: VisionInput | None = None) -> Fo
         shown: Sequence[Sequence[Image]],
     ) -> tuple[torch.Tensor, DynamicCache]:
         pictures = [image for row in shown for image in row]
-        if pictures and vision is None:
-            raise ValueError(f"the episodes show {len(pictures)} picture(s) but the model reads none (it has no vision encoder)")
-        pixels = {"pixel_values": vision.pixels(pictures).to(ids.device)} if pictures else {}
+        pixels = {"pixel_values": pixels_for(vision, pictures).to(ids.device)} if pictures else {}
         output = model(
             input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **{cache_name: cache}, **last_only,
             **pixels,

@@ -11,7 +11,7 @@ import torch
 from toolpolicy.algorithms import chunked_token_logprobs
 from toolpolicy.model.adapters import reference_mode
 from toolpolicy.model.placement import device_of
-from toolpolicy.model.vision import VisionInput, WithoutIds, unsampled_ids, without_ids
+from toolpolicy.model.vision import VisionInput, WithoutIds, pixels_for, unsampled_ids, without_ids
 from toolpolicy.rollout import Trajectory
 from toolpolicy.rollout.kv_cache import cache_argument, left_padded
 
@@ -87,11 +87,9 @@ def pictures(trajectories: list[Trajectory], vision: VisionInput | None) -> tupl
     placed = [(row, position, image) for row, t in enumerate(trajectories) for position, image in t.images]
     if not placed:
         return None, None
-    if vision is None:
-        raise ValueError(f"the batch shows {len(placed)} picture(s) but the model reads none (it has no vision encoder)")
     keys: dict[bytes, int] = {}
     at = torch.tensor([[row, position, keys.setdefault(image.png, len(keys))] for row, position, image in placed])  # [N, 3]
-    return vision.pixels([image for _, _, image in placed]), at
+    return pixels_for(vision, [image for _, _, image in placed]), at
 
 
 def micro_batches(batch: TokenBatch, size: int, max_tokens: int | None = None) -> list[tuple[slice, TokenBatch]]:
@@ -185,9 +183,9 @@ LogProbs = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def distinct_prompt_tokens(batch: TokenBatch) -> int:
-    """Tokens of the batch's distinct prompts."""
-    prompts = {tuple(batch.input_ids[b, : int(n)].tolist()) for b, n in enumerate(batch.prompt_lens)}
-    return sum(map(len, prompts))
+    """Tokens of the batch's distinct prompts (distinct as `shared_prompt_logprobs` runs them:
+    by their ids and the pictures in them)."""
+    return sum(len(ids) for ids, _ in set(_prompt_keys(batch, _in_prompt(batch))))
 
 
 LOGIT_CHUNK_BYTES = 2**25
@@ -274,7 +272,7 @@ def shared_prompt_logprobs(
     device = batch.input_ids.device
     lengths = batch.attention.sum(-1)  # [B]
     prompt_lens = batch.prompt_lens  # [B]
-    in_prompt = None if batch.pixel_at is None else batch.pixel_at[:, 1] < prompt_lens[batch.pixel_at[:, 0]]  # [N]
+    in_prompt = _in_prompt(batch)  # [N] or None
     distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}  # (prompt ids, its pictures' keys) -> index
     first: dict[int, int] = {}  # distinct prompt -> the first row that has it
     keys = _prompt_keys(batch, in_prompt)
@@ -316,6 +314,11 @@ def shared_prompt_logprobs(
     out_logprobs = torch.zeros(shape, device=device).index_put((b_index, t_index), logprobs)
     out_entropy = None if entropy is None else torch.zeros(shape, device=device).index_put((b_index, t_index), entropy)
     return out_logprobs, out_entropy
+
+
+def _in_prompt(batch: TokenBatch) -> torch.Tensor | None:
+    """[N] bool: which of the batch's pictures are in their row's prompt (None: no pictures)."""
+    return None if batch.pixel_at is None else batch.pixel_at[:, 1] < batch.prompt_lens[batch.pixel_at[:, 0]]
 
 
 def _prompt_keys(batch: TokenBatch, in_prompt: torch.Tensor | None) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
