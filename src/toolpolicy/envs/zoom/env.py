@@ -113,13 +113,14 @@ class ZoomEnv:
     }
 
     def __init__(self, hard_fraction: float = 0.5, tools: tuple[str, ...] = ("zoom",)) -> None:
-        everything = picture_tools(PILImage.new("RGB", (PICTURE, PICTURE)), VIEW)
-        unknown = sorted(set(tools) - set(everything.names))
+        blank = PILImage.new("RGB", (PICTURE, PICTURE))
+        known = picture_tools(blank, VIEW).names
+        unknown = sorted(set(tools) - set(known))
         if unknown:
-            raise ValueError(f"zoom env: unknown tool(s) {unknown}; it has {list(everything.names)}")
+            raise ValueError(f"zoom env: unknown tool(s) {unknown}; it has {list(known)}")
         self.hard_fraction = hard_fraction
         self.listed = tuple(tools)
-        self.tools = ToolSet([everything[name] for name in self.listed])
+        self.tools = listed_tools(blank, self.listed)  # the specs the model is shown and the gate checks
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         rng = random.Random(f"zoom/{split}/{seed}")
@@ -164,14 +165,19 @@ class ZoomSession:
     """One episode: the picture tools over the task's own picture."""
 
     def __init__(self, task: Task, listed: tuple[str, ...]) -> None:
-        tools = picture_tools(draw_task(task.info), VIEW)
-        self.tools = ToolSet([tools[name] for name in listed])
+        self.tools = listed_tools(draw_task(task.info), listed)
 
     def on_answer(self, messages: list[Message]) -> list[Message] | None:
         return None
 
     def finish(self) -> dict[str, Any]:
         return {}
+
+
+def listed_tools(source: PILImage.Image, names: tuple[str, ...]) -> ToolSet:
+    """The picture tools `names` over `source`, each returning a VIEW-pixel picture."""
+    tools = picture_tools(source, VIEW)
+    return ToolSet([tools[name] for name in names])
 
 
 def zoom_on(row: int, col: int) -> Message:
