@@ -162,7 +162,7 @@ def test_a_rendered_episode_holds_a_span_per_picture(env, tasks):
 TINY_VLM = {
     "embedded.vocab_size": 300, "embedded.hidden_size": 32, "embedded.layers": 1, "embedded.heads": 2, "embedded.kv_heads": 1,
     "embedded.intermediate_size": 64, "embedded.tokenizer_texts": 20, "embedded.image_size": 16, "embedded.vision_hidden_size": 16,
-    "embedded.vision_layers": 1, "sft.examples": 32, "sft.steps": 2, "sft.batch_size": 8, "rl.steps": 1, "rl.prompts_per_step": 2,
+    "embedded.vision_layers": 1, "embedded.reading_steps": 3, "embedded.reading_pictures": 40, "sft.examples": 32, "sft.steps": 2, "sft.batch_size": 8, "rl.steps": 1, "rl.prompts_per_step": 2,
     "rl.group_size": 2, "rl.max_idle_steps": 0, "rl.store_rollouts": True, "eval.tasks": 2, "eval.samples": 1, "run.threads": 1,
 }  # fmt: skip
 

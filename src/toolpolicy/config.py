@@ -168,6 +168,12 @@ class EmbeddedSection(Section):
     """image_size > 0: width of the vision tower."""
     vision_layers: int = Field(2, ge=1)
     """image_size > 0: transformer blocks of the vision tower."""
+    reading_steps: int = Field(0, ge=0)
+    """image_size > 0: steps of the vision tower's reading warm-up before the model is saved: it learns
+    what lies where in the environment's reading pictures, patch by patch (model/reading.py; zoom offers
+    them). 0 leaves the tower as initialised, to learn from SFT alone."""
+    reading_pictures: int = Field(20000, ge=10)
+    """reading_steps > 0: pictures the warm-up draws from the environment (5% of them held out to score it)."""
 
 
 class EnvSection(NamedSection):

@@ -41,6 +41,16 @@ class Image:
 
 
 @dataclass(frozen=True)
+class Reading:
+    """A picture with what a reader should see where: `regions` are (label, box) pairs, each
+    box (left, top, right, bottom) in the picture's pixels. An environment that shows pictures
+    offers these for the embedded VLM's reading warm-up (model/reading.py)."""
+
+    image: Image
+    regions: tuple[tuple[str, tuple[float, float, float, float]], ...]
+
+
+@dataclass(frozen=True)
 class CallError:
     """A tool call that could not be decoded from the model's text.
 

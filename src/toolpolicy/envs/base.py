@@ -22,6 +22,10 @@ after the model's first assistant turn, whether it called tools or not: its call
 gated and counted (`tool_call`, `invalid_call` events) but their observations are never
 shown, because nothing follows. `bfcl` uses it: BFCL's single-turn entries score the calls
 of one answer and have no backends to run them on.
+
+An environment that shows pictures may offer `reading_pictures(n, seed)`: pictures with
+what lies where (types.Reading), which the embedded vision-language model learns to read
+before SFT (model/reading.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ model is a `Qwen2ForCausalLM` from a small config, saved with `save_pretrained`
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,15 +101,19 @@ def text_config(tokenizer: PreTrainedTokenizerFast, shape: ModelShape) -> Qwen2C
 
 
 def save_embedded(
-    out_dir: Path, texts: Iterable[str], template: HermesTemplate, shape: ModelShape, seed: int, vision: VisionShape | None = None
+    out_dir: Path, texts: Iterable[str], template: HermesTemplate, shape: ModelShape, seed: int, vision: VisionShape | None = None,
+    prepare: Callable[[torch.nn.Module], None] | None = None,
 ) -> Path:
     """Build tokenizer and model and save both to `out_dir` as a Hugging Face checkpoint; with
-    `vision`, the embedded VLM (model/vision.py) whose language model is of `shape`."""
+    `vision`, the embedded VLM (model/vision.py) whose language model is of `shape`. `prepare`
+    trains the fresh model in place before it is saved (the VLM's reading warm-up)."""
     tokenizer = train_tokenizer(texts, shape.vocab_size, template, VISION_TOKENS if vision is not None else ())
     if vision is None:
         model = build_model(tokenizer, shape, seed)
     else:
         model = build_vision_model(tokenizer, text_config(tokenizer, shape), vision, seed)
+    if prepare is not None:
+        prepare(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from toolpolicy.build import build_env, episode_limits
 from toolpolicy.envs import Env
 from toolpolicy.chat import ChatTemplate
@@ -15,6 +17,7 @@ from toolpolicy.config import Config, ConfigError
 from toolpolicy.model import char_codec, make_template
 from toolpolicy.chat.images import ImageSpan
 from toolpolicy.model.embedded import ModelShape, save_embedded
+from toolpolicy.model.reading import warm_up_reading
 from toolpolicy.model.vision import VisionShape
 from toolpolicy.rollout import RolloutEngine, ScriptedBackend, Trajectory
 from toolpolicy.types import Message, Task
@@ -97,4 +100,25 @@ def build_embedded(cfg: Config, out_dir: Path) -> Path:
     examples = sft_examples(cfg, tiny.tokenizer_texts, template, encode, decode, "tokenizer")[: tiny.tokenizer_texts]
     texts = [decode(t.token_ids) for t in examples]
     shape = ModelShape(tiny.vocab_size, tiny.hidden_size, tiny.layers, tiny.heads, tiny.kv_heads, tiny.intermediate_size)
-    return save_embedded(out_dir, texts, template, shape, cfg.run.seed, vision)
+    return save_embedded(out_dir, texts, template, shape, cfg.run.seed, vision, reading_warm_up(cfg) if vision is not None else None)
+
+
+def reading_warm_up(cfg: Config) -> Callable[[torch.nn.Module], None] | None:
+    """The embedded VLM's reading warm-up on the environment's reading pictures
+    (`embedded.reading_steps`; model/reading.py), or None when it takes no steps."""
+    tiny = cfg.embedded
+    if not tiny.reading_steps:
+        return None
+    env = build_env(cfg.env)
+    if not hasattr(env, "reading_pictures"):
+        raise ConfigError(f"field 'embedded.reading_steps': env {cfg.env.name!r} offers no reading pictures (reading_pictures); set it to 0")
+
+    def warm_up(model: torch.nn.Module) -> None:
+        readings = env.reading_pictures(tiny.reading_pictures, cfg.run.seed)
+        score = warm_up_reading(model, readings, tiny.reading_steps, cfg.run.seed)
+        print(
+            f"reading warm-up: {score.steps} steps on {score.pictures} pictures ({score.labels} labels), "
+            f"held-out patch accuracy {score.patch_accuracy:.1%}, {score.seconds:.0f} s"
+        )
+
+    return warm_up

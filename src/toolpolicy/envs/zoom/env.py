@@ -17,6 +17,10 @@ difficulty, `evidence` (the code's bounding box, in the picture's pixels), `min_
 (1 on hard tasks, 0 on easy: every zoom on an easy task is needless). Rewards
 (rewards/regions.py): a zoom is faithful when its region holds the whole evidence box.
 
+`reading_pictures` are what the embedded VLM's vision tower learns to read before SFT
+(model/reading.py): views and zoomed cells, each digit of a code labelled with its place in
+the code, and the pink square labelled as a mark.
+
 `expert_turns` is the imperfect demonstrator for the SFT cold start: on hard tasks it
 zooms on the right cell only some of the time (on a wrong one, or not at all, otherwise,
 and then guesses), and it zooms needlessly on some easy tasks. RL has to repair both.
@@ -34,7 +38,7 @@ from PIL import ImageDraw, ImageFont
 
 from toolpolicy.tools.images import picture_tools, png
 from toolpolicy.tools.toolset import ToolSet
-from toolpolicy.types import Message, Task, ToolCall
+from toolpolicy.types import Message, Reading, Task, ToolCall
 
 POLICY_FILE = Path(__file__).with_name("policy.yaml")
 PICTURE, GRID, VIEW = 256, 4, 64
@@ -135,6 +139,23 @@ class ZoomEnv:
             out.append(Task(f"{split}-{seed}-{i}", "What is the code?", code, info))
         return out
 
+    def reading_pictures(self, n: int, seed: int) -> list[Reading]:
+        """`n` pictures as the model sees them, with what is where: half of them first views
+        (an easy code's digits, a hard task's pink square), half zooms on a hard task's cells
+        (its pink square with the code at 1:1 most of the time, another cell otherwise)."""
+        rng = random.Random(f"zoom/reading/{seed}")
+        out = []
+        for task in self.tasks("reading", n, seed):
+            info, full = task.info, draw_task(task.info)
+            if info["difficulty"] == "easy" or rng.random() < 0.5:
+                regions = _digit_regions(info) if info["difficulty"] == "easy" else [("mark", _cell_box(*info["cell"]))]
+                out.append(_reading(full, (0, 0, PICTURE, PICTURE), regions))
+                continue
+            row, col = info["cell"] if rng.random() < 0.7 else (rng.randrange(GRID), rng.randrange(GRID))
+            regions = [("mark", _cell_box(*info["cell"])), *_digit_regions(info)]
+            out.append(_reading(full, _cell_box(row, col), regions))
+        return out
+
     def initial_messages(self, task: Task) -> list[Message]:
         view = png(draw_task(task.info).resize((VIEW, VIEW), PILImage.BILINEAR))
         return [Message("system", self.system_prompt), Message("user", task.prompt, images=(view,))]
@@ -159,6 +180,30 @@ class ZoomEnv:
             return [zoom_on(row, col), Message("assistant", f"Answer: {task.answer}")]
         wrong = rng.choice([(r, c) for r in range(GRID) for c in range(GRID) if (r, c) != (row, col)])
         return [zoom_on(*wrong), Message("assistant", f"Answer: {_guess(task.answer, rng)}")]
+
+
+def _cell_box(row: int, col: int) -> tuple[int, int, int, int]:
+    return col * CELL, row * CELL, (col + 1) * CELL, (row + 1) * CELL
+
+
+def _digit_regions(info: dict[str, Any]) -> list[tuple[str, tuple[float, float, float, float]]]:
+    """Each digit of the task's code as ("k:d", its box in the picture): d the digit, k its place."""
+    font, (x, y), code = _font(info["difficulty"]), info["at"], info["code"]
+    regions = []
+    for k, digit in enumerate(code):
+        left, top, right, bottom = font.getbbox(digit)
+        offset = x + font.getlength(code[:k])
+        regions.append((f"{k}:{digit}", (offset + left, y + top, offset + right, y + bottom)))
+    return regions
+
+
+def _reading(full: PILImage.Image, region: tuple[int, int, int, int], regions: list[tuple[str, tuple[float, ...]]]) -> Reading:
+    """The `region` of `full` scaled to the view, with the `regions` that lie in it, moved and scaled alike."""
+    left, top, right, bottom = region
+    scale = VIEW / (right - left)
+    inside = [(label, box) for label, box in regions if box[0] >= left and box[1] >= top and box[2] <= right and box[3] <= bottom]
+    moved = tuple((label, ((a - left) * scale, (b - top) * scale, (c - left) * scale, (d - top) * scale)) for label, (a, b, c, d) in inside)
+    return Reading(png(full.crop(region).resize((VIEW, VIEW), PILImage.BILINEAR)), moved)
 
 
 class ZoomSession:
