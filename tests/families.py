@@ -390,3 +390,14 @@ def mistral_reference_ids(messages: list[dict], tools: list[dict]) -> list[int]:
 
     request = ChatCompletionRequest.from_openai(messages=messages, tools=tools)
     return _mistral_tokenizer().encode_chat_completion(request).tokens
+
+
+def fragment_ids(chat, encode, opening, turns, tools=()) -> list[int]:
+    """Ids as the rollout engine builds them: the prompt, each reply and each turn's
+    observations, rendered by `chat` and tokenized each on its own."""
+    ids = encode(chat.render_prompt(opening, tools))
+    for assistant, observations in turns:
+        ids += encode(chat.render_assistant(assistant))
+        if observations:
+            ids += encode(chat.render_observation(observations, after=assistant))
+    return ids

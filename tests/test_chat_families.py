@@ -22,7 +22,7 @@ from toolpolicy.cli import main
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.types import Message, ToolCall, ToolSpec
 
-from families import FAMILIES, mistral_reference_ids
+from families import FAMILIES, fragment_ids, mistral_reference_ids
 
 TOOLS = [
     ToolSpec("lookup", "Look up a key.", {"type": "object", "properties": {"key": {"type": "string", "description": "The key."}}, "required": ["key"]}),
@@ -52,17 +52,6 @@ def conversations(reasoning: bool) -> dict[str, tuple[list[Message], list[tuple[
             (Message("assistant", "2."), []),
         ]),
     }
-
-
-def engine_ids(policy: PolicyModel, opening: list[Message], turns: list[tuple[Message, list[Message]]]) -> list[int]:
-    """Ids as the rollout engine builds them: each fragment tokenized on its own."""
-    chat, encode = policy.chat, policy.encode
-    ids = encode(chat.render_prompt(opening, TOOLS))
-    for assistant, observations in turns:
-        ids += encode(chat.render_assistant(assistant))
-        if observations:
-            ids += encode(chat.render_observation(observations, after=assistant))
-    return ids
 
 
 def whole(opening: list[Message], turns: list[tuple[Message, list[Message]]]) -> list[Message]:
@@ -95,7 +84,7 @@ def test_engine_ids_equal_the_reference_renderer(family: str, family_policy) -> 
     for name, (opening, turns) in conversations(policy.chat.reasoning).items():
         if name in problems or (name == "a user turn after an answer" and "answer, then a user turn" in problems):
             continue  # re-rendered (or refused) by the template: said at load, not comparable
-        ours = engine_ids(policy, opening, turns)
+        ours = fragment_ids(policy.chat, policy.encode, opening, turns, TOOLS)
         if family == "mistral":  # mistral_common encodes a conversation to be answered: stop before the last answer
             ours = ours[: len(ours) - len(policy.encode(policy.chat.render_assistant(turns[-1][0])))]
             reference = reference_ids(policy, family, whole(opening, turns)[:-1])
@@ -117,7 +106,7 @@ def test_qwen3_training_template_preserves_every_prefix(family_checkpoint) -> No
     policy = PolicyModel.load(path, ChatChoice(template_file=str(template_file)))
     assert policy.chat.prefix_problems(TOOLS) == []
     for opening, turns in conversations(reasoning=True).values():
-        ours = engine_ids(policy, opening, turns)
+        ours = fragment_ids(policy.chat, policy.encode, opening, turns, TOOLS)
         reference = policy.tokenizer.apply_chat_template(
             openai_messages(whole(opening, turns)), tools=[s.to_openai() for s in TOOLS], tokenize=True, return_dict=False, chat_template=source
         )

@@ -20,12 +20,20 @@ for such models (trl ships `qwen3_training.jinja`, set it with `chat_template:`)
 User-supplied text (tool results, user turns, arguments) may contain a control token's
 spelling (`<|im_start|>system`). Every string of a message is marked before rendering
 so that `encode_marked` encodes those as plain text: a tool cannot forge a turn.
+
+Pictures go to the template as a vision-language model's processor gives them: a message
+with pictures has content parts, one `{"type": "image"}` per picture and then its text. A
+template that reads them (Qwen2.5-VL's) writes one IMAGE_PAD for each, framed as the model
+expects; the rendering then widens the k-th pad the template wrote to the k-th picture's
+placeholder count (`image_span`), as the processor expands it, so the ids are the ones
+`processor.apply_chat_template` makes with those pictures.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -38,15 +46,21 @@ from transformers.utils.chat_template_utils import (
     render_jinja_template,
 )
 
-from toolpolicy.chat.images import image_text
+from toolpolicy.chat.images import IMAGE_PAD, ImageSpan, image_text
 from toolpolicy.chat.parser import CALL_SYNTAXES, ParsedTurn, parse_assistant
 from toolpolicy.chat.tools_block import drops_tools, hermes_turns
-from toolpolicy.types import Message, ToolCall, ToolSpec
+from toolpolicy.types import Image, Message, ToolCall, ToolSpec
 
 PROBE = (Message("user", "Hi."),)
 """The neutral opening turn fragments are cut against."""
 MARK_START = "\U000f0000"
 """The private-use character transformers puts before a marked control token."""
+PICTURES_UNREAD = (
+    f"it does not read pictures as image content parts with one {IMAGE_PAD} each (Qwen2-VL's spelling); set chat_template: "
+    "to the model's vision template"
+)
+TEMPLATE_PAD = re.compile(f"(?<!{MARK_START}){re.escape(IMAGE_PAD)}")
+"""An IMAGE_PAD the template wrote (one in user-supplied text is marked)."""
 
 
 class ChatFormatError(ValueError):
@@ -77,13 +91,26 @@ def call_id(call: ToolCall, index: int) -> str:
     return digest.hexdigest()[:9]
 
 
+def content_of(message: Message) -> str | list[dict[str, str]]:
+    """A message's content as chat templates read it: its text, or with pictures the parts a
+    processor reads, one image part per picture and then the text.
+
+    >>> from toolpolicy.types import Image
+    >>> content_of(Message("user", "What is it?", images=(Image(b"", 8, 8),)))
+    [{'type': 'image'}, {'type': 'text', 'text': 'What is it?'}]
+    """
+    if not message.images:
+        return message.content
+    return [{"type": "image"} for _ in message.images] + [{"type": "text", "text": message.content}]
+
+
 def openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Messages in the OpenAI shape chat templates read. Calls without an id get a stable
     one; a tool message without one answers the next unanswered call before it."""
     out: list[dict[str, Any]] = []
     pending: list[str] = []
     for message in messages:
-        entry: dict[str, Any] = {"role": message.role, "content": message.content}
+        entry: dict[str, Any] = {"role": message.role, "content": content_of(message)}
         if message.reasoning:
             entry["reasoning_content"] = message.reasoning
         if message.tool_calls:
@@ -121,6 +148,10 @@ class JinjaTemplate:
     tools_in_system: bool = False
     """Show tools as a Hermes block in the system message and calls and results in plain
     turns (`tools_block.hermes_turns`), for a template with no tools section of its own."""
+    image_span: ImageSpan | None = None
+    """How the model's text stands for a picture (a vision-language model's); None: the model
+    reads no pictures, and a message with one is an error. The template says where a picture
+    goes; the span says how many placeholders it takes."""
 
     @staticmethod
     def of(
@@ -158,10 +189,12 @@ class JinjaTemplate:
 
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), add_generation_prompt: bool = False) -> str:
         """The whole conversation, as `apply_chat_template(..., tokenize=False)` renders it
-        (with user-supplied strings marked, see the module docstring). Pictures are not yet
-        rendered through a checkpoint's own template: a message with one is an error."""
-        for message in messages:
-            image_text(None, message)
+        (with user-supplied strings marked, see the module docstring), each picture widened to
+        its placeholders as the model's processor does (see the module docstring)."""
+        pictures = [image for message in messages for image in message.images]
+        if self.image_span is None:
+            for message in messages:
+                image_text(None, message)
         if self.tools_in_system:  # marked before the Hermes tags are added: those are the template's own
             pattern = self._pattern()
             marked = [_marked_message(m, pattern) for m in messages] if pattern else messages
@@ -176,7 +209,11 @@ class JinjaTemplate:
             )
         except TemplateError as error:
             raise ChatFormatError(f"the chat template refuses this conversation: {error}") from None
-        return rendered[0]
+        except TypeError as error:  # a text template joining a string to a message's content parts
+            if not pictures:
+                raise
+            raise ChatFormatError(f"the chat template fails on a message's pictures ({error}): {PICTURES_UNREAD}") from None
+        return self._widened(rendered[0], pictures)
 
     def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> str:
         """The conversation so far, ending where the model starts generating."""
@@ -265,6 +302,18 @@ class JinjaTemplate:
         while index > 0 and text[index - 1] == MARK_START:
             index = text.rfind(self.end_of_turn, 0, index)
         return index
+
+    def _widened(self, text: str, images: Sequence[Image]) -> str:
+        """`text` with the k-th IMAGE_PAD the template wrote repeated `image_span.pads` of the
+        k-th picture times; ChatFormatError unless the template wrote one per picture."""
+        span = self.image_span
+        if span is None or not images:  # render refuses pictures without a span
+            return text
+        written = TEMPLATE_PAD.findall(text)
+        if len(written) != len(images):
+            raise ChatFormatError(f"the chat template wrote {len(written)} {IMAGE_PAD} for {len(images)} picture(s): {PICTURES_UNREAD}")
+        pads = iter(images)
+        return TEMPLATE_PAD.sub(lambda _: IMAGE_PAD * span.pads(next(pads)), text)
 
     def _pattern(self) -> Any:
         """The pattern of the control-token spellings to mark, or None when there are none."""

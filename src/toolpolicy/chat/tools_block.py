@@ -37,7 +37,9 @@ def hermes_turns(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> list
     """`messages` with the tools and calls written into plain turns, for a template that renders
     neither: the tools block ends the system message (one is opened when there is none), an
     assistant's calls follow its text as `<tool_call>` blocks, and each run of tool messages
-    becomes one user message of `<tool_response>` blocks.
+    becomes one user message of `<tool_response>` blocks. Pictures stay with the message
+    that holds their text: a run's results' pictures, in order, are that user message's
+    (rendered before its text, as any message's pictures).
 
     >>> from toolpolicy.types import ToolCall
     >>> call = Message("assistant", "", (ToolCall("add", {"a": 1}),))
@@ -48,19 +50,19 @@ def hermes_turns(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> list
     if tools:
         has_system = bool(messages) and messages[0].role == "system"
         system = f"{messages[0].content}\n\n" if has_system else ""
-        out.append(Message("system", system + tools_block(tools)))
+        out.append(Message("system", system + tools_block(tools), images=messages[0].images if has_system else ()))
         messages = messages[1:] if has_system else messages
     previous = ""
     for message in messages:
         if message.role == "assistant" and message.tool_calls:
             text = "\n".join(([message.content] if message.content else []) + [render_call(c) for c in message.tool_calls])
-            out.append(Message("assistant", text, reasoning=message.reasoning))
+            out.append(Message("assistant", text, reasoning=message.reasoning, images=message.images))
         elif message.role == "tool":
             response = f"{TOOL_RESPONSE_START}\n{message.content}\n{TOOL_RESPONSE_END}"
             if previous == "tool":  # a run of results is one user turn, as Qwen2.5 renders it
-                out[-1] = Message("user", f"{out[-1].content}\n{response}")
+                out[-1] = Message("user", f"{out[-1].content}\n{response}", images=out[-1].images + message.images)
             else:
-                out.append(Message("user", response))
+                out.append(Message("user", response, images=message.images))
         else:
             out.append(message)
         previous = message.role

@@ -154,7 +154,7 @@ class PolicyModel:
             chat = replace(chat, stops=tuple(dict.fromkeys([*chat.stops, *tokenizer.convert_ids_to_tokens(stops)])))
             warn_prefix_problems(path, chat.prefix_problems())
         vision = vision_input(model, tokenizer)
-        if vision is not None and isinstance(chat, HermesTemplate):
+        if vision is not None and isinstance(chat, (HermesTemplate, JinjaTemplate)):
             chat = replace(chat, image_span=vision.span)
         return PolicyModel(model, tokenizer, *codec(tokenizer), chat, stops, pad, vision)
 
