@@ -5,6 +5,7 @@ log-probs, with the pixels in its forward, equal the sampler's (contract 1)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,9 @@ from PIL import Image as PILImage
 from PIL import ImageDraw
 from transformers import Qwen2Config
 
+from toolpolicy.build import trainable_policy
 from toolpolicy.chat import HermesTemplate
+from toolpolicy.config import ModelSection
 from toolpolicy.chat.images import IMAGE_PAD, VISION_TOKENS, ImageSpan, ImagesUnreadable, image_runs
 from toolpolicy.model import PolicyModel
 from toolpolicy.model.embedded import train_tokenizer
@@ -68,8 +71,8 @@ class PictureEnv:
 
 
 @pytest.fixture(scope="module")
-def vision_policy(tmp_path_factory: pytest.TempPathFactory) -> PolicyModel:
-    """A tiny random VLM (CLIP tower + Qwen2, as LLaVA) saved and loaded as any checkpoint."""
+def vision_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random VLM (CLIP tower + Qwen2, as LLaVA) saved as any checkpoint."""
     env = PictureEnv()
     spans = replace(TEMPLATE, image_span=ImageSpan(lambda image: 4))
     texts = [
@@ -85,7 +88,23 @@ def vision_policy(tmp_path_factory: pytest.TempPathFactory) -> PolicyModel:
     folder = tmp_path_factory.mktemp("vlm")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return PolicyModel.load(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vision_policy(vision_folder: Path) -> PolicyModel:
+    return PolicyModel.load(vision_folder)
+
+
+@pytest.mark.parametrize("train_vision", [False, True])
+def test_training_leaves_the_vision_tower_alone_unless_asked(vision_folder, tmp_path, train_vision):
+    for lora in (0, 4):
+        section = ModelSection(train_vision=train_vision, lora_rank=lora, lora_target_modules=["q_proj", "v_proj"])
+        policy = trainable_policy(section, vision_folder, tmp_path / f"lora{lora}", resuming=False)
+        trained = {name for name, p in policy.model.named_parameters() if p.requires_grad}
+        assert any("vision_tower." in name for name in trained) == train_vision
+        assert any("multi_modal_projector." in name for name in trained) == (lora == 0)
+        assert any("language_model." in name for name in trained)
 
 
 def test_a_vision_checkpoint_loads_with_its_image_span(vision_policy):

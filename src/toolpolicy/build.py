@@ -24,6 +24,7 @@ from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, merged, store_frozen_in
 from toolpolicy.model.gguf import local_checkpoint
+from toolpolicy.model.vision import freeze_vision_tower
 from toolpolicy.model.placement import DTYPES, Placement, linear_weights_in, resolve_device, resolve_dtype
 from toolpolicy.rewards import Rubric, overlong
 from toolpolicy.rollout import Backend, HFBackend, EpisodeLimits, RolloutEngine, allow_all_policy
@@ -161,7 +162,18 @@ def trainable_policy(
     the new adapter's base and its KL reference. The frozen base is kept in `dtype`. A fresh
     adapter's random initial weights come from `seed` (the same in every process and run).
     Under torchrun the `main` process writes PHASE_DIR/base and every process loads it
-    after `barrier`."""
+    after `barrier`. A vision-language policy's vision tower is frozen unless
+    `model.train_vision`."""
+    policy = _with_adapter(model, path, phase_dir, resuming, seed, main, barrier)
+    if not model.train_vision:
+        freeze_vision_tower(policy.model)
+    return policy
+
+
+def _with_adapter(
+    model: ModelSection, path: str | Path, phase_dir: Path, resuming: bool, seed: int, main: bool, barrier: Callable[[], None]
+) -> PolicyModel:
+    """The checkpoint at `path`, with a LoRA adapter when the model section asks for one (see trainable_policy)."""
     policy = load_policy_model(model, path)
     if not model.lora_rank or resuming:
         return policy

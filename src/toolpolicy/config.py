@@ -121,6 +121,11 @@ class ModelSection(Section):
     """sharing: shard on an accelerator: keep the shards of parameters, gradients and optimizer
     state in CPU memory, copied to the device a block at a time (FSDP2's CPUOffloadPolicy).
     Not on the CPU, where they are in CPU memory already."""
+    train_vision: bool = False
+    """A vision-language policy's vision tower trains with the rest (SFT and RL); false keeps it as
+    loaded and trains its projector and language model only, as LLaVA's second stage does: a
+    tower that reads (after the embedded model's reading warm-up) is soon undone by the language
+    model's early gradients at SFT's learning rate."""
     lora_rank: int = Field(0, ge=0)
     """LoRA adapter rank (peft); 0 trains every weight. With LoRA, checkpoints hold the adapter
     alone and the KL reference is the base model with the adapter off."""

@@ -114,6 +114,17 @@ def build_vision_model(tokenizer: PreTrainedTokenizerBase, text: Qwen2Config, sh
     return LlavaForConditionalGeneration(config)
 
 
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """Stop training `model`'s vision tower (a LoRA adapter on it included); its projector and
+    language model train on. Returns the parameters frozen (0 for a text-only model)."""
+    frozen = 0
+    for name, parameter in model.named_parameters():
+        if "vision_tower." in name and parameter.requires_grad:
+            parameter.requires_grad_(False)
+            frozen += parameter.numel()
+    return frozen
+
+
 def unsampled_ids(model: torch.nn.Module) -> list[int]:
     """Token ids the policy never samples: a vision model's image placeholder, which stands for
     pixels in its input and would break its next forward if it wrote one. The sampler and the
