@@ -30,7 +30,8 @@ def test_the_module_examples_hold():
 
 
 def square_readings(n: int, seed: int) -> list[Reading]:
-    """16-pixel pictures with a dark or a red square in one quadrant, labelled by its colour."""
+    """16-pixel pictures with a dark or a red square in one quadrant, labelled by its colour;
+    their text is the colour's initial, twice for a square in the lower half."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -38,7 +39,7 @@ def square_readings(n: int, seed: int) -> list[Reading]:
         label, colour = rng.choice([("dark", (20, 20, 20)), ("red", (220, 30, 30))])
         image = PILImage.new("RGB", (16, 16), (230, 230, 230))
         ImageDraw.Draw(image).rectangle((col * 8 + 1, row * 8 + 1, col * 8 + 6, row * 8 + 6), fill=colour)
-        out.append(Reading(png(image), ((label, (col * 8 + 1, row * 8 + 1, col * 8 + 7, row * 8 + 7)),)))
+        out.append(Reading(png(image), ((label, (col * 8 + 1, row * 8 + 1, col * 8 + 7, row * 8 + 7)),), label[0] * (1 + row)))
     return out
 
 
@@ -61,6 +62,7 @@ def test_the_warm_up_teaches_the_tower_where_things_are_and_leaves_the_language_
     score = reading.warm_up_reading(model, readings, steps=150, seed=0)
     assert score.labels == 2 and score.pictures == 400
     assert score.patch_accuracy >= 0.95 and untrained.patch_accuracy < 0.7  # 0.7: above the chance of an untrained probe
+    assert score.text_accuracy >= 0.95 and untrained.text_accuracy < 0.7
     assert all(torch.equal(v, model.model.language_model.state_dict()[k]) for k, v in language.items())
     assert any(not torch.equal(v, model.model.vision_tower.state_dict()[k]) for k, v in tower.items())
     assert all(p.grad is None for p in model.parameters())
@@ -88,6 +90,9 @@ def test_zoom_labels_each_digit_where_it_is_drawn_and_the_pink_square():
                 assert place in "012" and digit.isdigit() and inside.min() < 90
     hard_zooms = [r for r in readings if len(r.regions) == 4]  # the pink square and its three digits at 1:1
     assert hard_zooms and all(r.regions[0] == ("mark", (0.0, 0.0, 64.0, 64.0)) for r in hard_zooms)
+    for item in readings:  # the text is the code wherever its digits are drawn legibly, and nothing elsewhere
+        code = "".join(label.split(":")[1] for label, _ in item.regions if label != "mark")
+        assert item.text == code and len(code) in (0, 3)
 
 
 def test_reading_steps_need_an_environment_with_reading_pictures(tmp_path):

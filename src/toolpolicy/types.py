@@ -43,11 +43,13 @@ class Image:
 @dataclass(frozen=True)
 class Reading:
     """A picture with what a reader should see where: `regions` are (label, box) pairs, each
-    box (left, top, right, bottom) in the picture's pixels. An environment that shows pictures
+    box (left, top, right, bottom) in the picture's pixels, and `text` what it says. An environment that shows pictures
     offers these for the embedded VLM's reading warm-up (model/reading.py)."""
 
     image: Image
     regions: tuple[tuple[str, tuple[float, float, float, float]], ...]
+    text: str = ""
+    """What the picture reads as a whole ("" when nothing, or nothing legible)."""
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ def reading_warm_up(cfg: Config) -> Callable[[torch.nn.Module], None] | None:
         score = warm_up_reading(model, readings, tiny.reading_steps, cfg.run.seed)
         print(
             f"reading warm-up: {score.steps} steps on {score.pictures} pictures ({score.labels} labels), "
-            f"held-out patch accuracy {score.patch_accuracy:.1%}, {score.seconds:.0f} s"
+            f"held-out patch accuracy {score.patch_accuracy:.1%}, text read {score.text_accuracy:.1%}, {score.seconds:.0f} s"
         )
 
     return warm_up

@@ -19,7 +19,8 @@ difficulty, `evidence` (the code's bounding box, in the picture's pixels), `min_
 
 `reading_pictures` are what the embedded VLM's vision tower learns to read before SFT
 (model/reading.py): views and zoomed cells, each digit of a code labelled with its place in
-the code, and the pink square labelled as a mark.
+the code, the pink square labelled as a mark, and the code as the text of each picture
+where it is legible.
 
 `expert_turns` is the imperfect demonstrator for the SFT cold start: on hard tasks it
 zooms on the right cell only some of the time (on a wrong one, or not at all, otherwise,
@@ -148,12 +149,13 @@ class ZoomEnv:
         for task in self.tasks("reading", n, seed):
             info, full = task.info, draw_task(task.info)
             if info["difficulty"] == "easy" or rng.random() < 0.5:
-                regions = _digit_regions(info) if info["difficulty"] == "easy" else [("mark", _cell_box(*info["cell"]))]
-                out.append(_reading(full, (0, 0, PICTURE, PICTURE), regions))
+                easy = info["difficulty"] == "easy"
+                regions = _digit_regions(info) if easy else [("mark", _cell_box(*info["cell"]))]
+                out.append(_reading(full, (0, 0, PICTURE, PICTURE), regions, info["code"] if easy else ""))
                 continue
             row, col = info["cell"] if rng.random() < 0.7 else (rng.randrange(GRID), rng.randrange(GRID))
             regions = [("mark", _cell_box(*info["cell"])), *_digit_regions(info)]
-            out.append(_reading(full, _cell_box(row, col), regions))
+            out.append(_reading(full, _cell_box(row, col), regions, info["code"] if [row, col] == info["cell"] else ""))
         return out
 
     def initial_messages(self, task: Task) -> list[Message]:
@@ -197,13 +199,13 @@ def _digit_regions(info: dict[str, Any]) -> list[tuple[str, tuple[float, float, 
     return regions
 
 
-def _reading(full: PILImage.Image, region: tuple[int, int, int, int], regions: list[tuple[str, tuple[float, ...]]]) -> Reading:
+def _reading(full: PILImage.Image, region: tuple[int, int, int, int], regions: list[tuple[str, tuple[float, ...]]], text: str) -> Reading:
     """The `region` of `full` scaled to the view, with the `regions` that lie in it, moved and scaled alike."""
     left, top, right, bottom = region
     scale = VIEW / (right - left)
     inside = [(label, box) for label, box in regions if box[0] >= left and box[1] >= top and box[2] <= right and box[3] <= bottom]
     moved = tuple((label, ((a - left) * scale, (b - top) * scale, (c - left) * scale, (d - top) * scale)) for label, (a, b, c, d) in inside)
-    return Reading(png(full.crop(region).resize((VIEW, VIEW), PILImage.BILINEAR)), moved)
+    return Reading(png(full.crop(region).resize((VIEW, VIEW), PILImage.BILINEAR)), moved, text)
 
 
 class ZoomSession:
