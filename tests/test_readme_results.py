@@ -46,6 +46,10 @@ def test_readme_methods_table_is_the_published_benchmark():
     assert_readme_shows("methods")
 
 
+def test_readme_zoom_table_is_the_published_eval():
+    assert_readme_shows("zoom")
+
+
 def test_readme_quotes_the_recorded_hash_of_the_shipped_checkpoint():
     digest, path = CHECKPOINT_HASH.read_text().split()  # sha256sum's "HASH  PATH", checkable with sha256sum -c
     assert path == "checkpoints/calc-sft/model.safetensors"

@@ -127,11 +127,38 @@ def methods_table(*results: dict[str, Any]) -> str:
     return _markdown(("env", "method", "held-out accuracy (%)", "minus GRPO", "tokens sampled", "minutes"), rows)
 
 
+def zoom_table(sft: dict[str, Any], rl: dict[str, Any]) -> str:
+    """The embedded VLM on `zoom` after SFT and after RL. A zoom is faithful when its region
+    holds the code: the share is 1 - unfaithful_zooms / tool_call_count (both per episode)."""
+    columns = (sft, rl)
+
+    def faithful(summary: dict[str, Any]) -> float:
+        zooms = _value(summary, "rewards", "tool_call_count")
+        return 1.0 - _value(summary, "rewards", "unfaithful_zooms") / zooms if zooms else float("nan")
+
+    def row(label: str, *keys: str, show: Callable[[float], str] = _percent) -> tuple[str, ...]:
+        return label, *(show(_value(summary, *keys)) for summary in columns)
+
+    return _markdown(
+        ("held-out, one sample a task", "SFT", "then RL"),
+        [
+            row("accuracy", "accuracy"),
+            row("accuracy, easy", "by_difficulty", "easy", "accuracy"),
+            row("accuracy, hard", "by_difficulty", "hard", "accuracy"),
+            row("zooms / episode, easy (all needless)", "by_difficulty", "easy", "tool_calls_per_episode", show=_count),
+            row("zooms / episode, hard", "by_difficulty", "hard", "tool_calls_per_episode", show=_count),
+            ("zooms whose region holds the code", *(_percent(faithful(summary)) for summary in columns)),
+            row("tokens / episode", "tokens_per_episode", show=_count),
+        ],
+    )
+
+
 TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
     "demo": (demo_table, ("sft", "rl")),
     "smollm2-calc": (smollm2_calc_table, ("sft-always-calls", "sft", "rl")),
     "hotel": (hotel_table, ("sft-gate-off", "rl-gate-off", "sft-gate-on", "rl-gate-on")),
     "methods": (methods_table, ("calc", "hotel")),
+    "zoom": (zoom_table, ("sft", "rl")),
 }
 """Each table: its renderer and the eval names of its columns, in the renderer's argument order."""
 
