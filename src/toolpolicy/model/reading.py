@@ -124,34 +124,51 @@ def warm_up_reading(model: torch.nn.Module, readings: Sequence[Reading], steps: 
     bar = tqdm(range(steps), desc="reading warm-up")
     for _ in bar:
         batch = rng.sample(train, min(BATCH_SIZE, len(train)))
-        patches, texts = probes(_features(model, vision, batch))  # [B, N, labels + 1], [B, N, places, characters]
-        loss = torch.nn.functional.cross_entropy(patches.flatten(0, 1), _labels(batch, names, grid).flatten())
-        if places:
-            wanted = _texts(batch, characters, places)[:, None].expand(-1, texts.shape[1], -1)  # [B, N, places]
-            if (wanted != UNREAD).any():
-                loss = loss + torch.nn.functional.cross_entropy(texts.flatten(0, 2), wanted.flatten(), ignore_index=UNREAD)
+        patches, texts = probes(_features(model, vision, batch))
+        loss = reading_loss(patches, texts, _labels(batch, names, grid), _texts(batch, characters, places))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     model.eval()
     with torch.no_grad():
-        right = covered = read = with_text = 0
-        for start in range(0, len(test), BATCH_SIZE):
-            batch = test[start : start + BATCH_SIZE]
-            labels = _labels(batch, names, grid)
-            patches, texts = probes(_features(model, vision, batch))
-            right += int((patches.argmax(-1) == labels)[labels != NOTHING].sum())
-            covered += int((labels != NOTHING).sum())
-            if places:
-                wanted, guessed = _texts(batch, characters, places), texts.mean(1).argmax(-1)  # [B, places] each
-                legible = (wanted != UNREAD).any(-1)  # [B]
-                read += int(((guessed == wanted) | (wanted == UNREAD)).all(-1)[legible].sum())
-                with_text += int(legible.sum())
+        patch_accuracy, text_accuracy = _held_out(model, probes, vision, test, names, characters, places)
     for parameter in model.parameters():
         parameter.grad = None
-    text_accuracy = read / with_text if with_text else float("nan")
-    return ReadingScore(steps, len(readings), len(names), right / max(covered, 1), text_accuracy, time.perf_counter() - started)
+    return ReadingScore(steps, len(readings), len(names), patch_accuracy, text_accuracy, time.perf_counter() - started)
+
+
+def reading_loss(patches: torch.Tensor, texts: torch.Tensor, labels: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each patch's label plus, where the picture has a text, of its text read
+    from every patch.
+
+    patches [B, N, labels]  texts [B, N, places, characters]  labels [B, N]  wanted [B, places] (UNREAD where none)
+    """
+    loss = torch.nn.functional.cross_entropy(patches.flatten(0, 1), labels.flatten())
+    if (wanted != UNREAD).any():
+        every_patch = wanted[:, None].expand(-1, texts.shape[1], -1)  # [B, N, places]
+        loss = loss + torch.nn.functional.cross_entropy(texts.flatten(0, 2), every_patch.flatten(), ignore_index=UNREAD)
+    return loss
+
+
+def _held_out(
+    model: torch.nn.Module, probes: Probes, vision: VisionInput, test: Sequence[Reading], names: dict[str, int],
+    characters: dict[str, int], places: int,
+) -> tuple[float, float]:
+    """ReadingScore's patch_accuracy and text_accuracy on `test`."""
+    grid = vision.image_size // vision.patch
+    right = covered = read = with_text = 0
+    for start in range(0, len(test), BATCH_SIZE):
+        batch = test[start : start + BATCH_SIZE]
+        labels, wanted = _labels(batch, names, grid), _texts(batch, characters, places)  # [B, N], [B, places]
+        patches, texts = probes(_features(model, vision, batch))
+        right += int((patches.argmax(-1) == labels)[labels != NOTHING].sum())
+        covered += int((labels != NOTHING).sum())
+        legible = (wanted != UNREAD).any(-1)  # [B]
+        guessed = texts.mean(1).argmax(-1)  # [B, places]
+        read += int(((guessed == wanted) | (wanted == UNREAD)).all(-1)[legible].sum())
+        with_text += int(legible.sum())
+    return right / max(covered, 1), (read / with_text if with_text else float("nan"))
 
 
 class Probes(torch.nn.Module):

@@ -3,6 +3,7 @@ conversations from a file (`sft_data`), and the embedded model built from their 
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -116,9 +117,10 @@ def reading_warm_up(cfg: Config) -> Callable[[torch.nn.Module], None] | None:
     def warm_up(model: torch.nn.Module) -> None:
         readings = env.reading_pictures(tiny.reading_pictures, cfg.run.seed)
         score = warm_up_reading(model, readings, tiny.reading_steps, cfg.run.seed)
+        text = "" if math.isnan(score.text_accuracy) else f", text read {score.text_accuracy:.1%}"
         print(
             f"reading warm-up: {score.steps} steps on {score.pictures} pictures ({score.labels} labels), "
-            f"held-out patch accuracy {score.patch_accuracy:.1%}, text read {score.text_accuracy:.1%}, {score.seconds:.0f} s"
+            f"held-out patch accuracy {score.patch_accuracy:.1%}{text}, {score.seconds:.0f} s"
         )
 
     return warm_up
