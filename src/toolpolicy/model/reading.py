@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from toolpolicy.model.vision import VisionInput
-from toolpolicy.types import Reading
+from toolpolicy.types import Image, Reading
 
 NOTHING = 0
 """The label of a patch no region covers; region labels are 1, 2, ... in `label_names` order."""
@@ -106,33 +106,35 @@ def warm_up_reading(model: torch.nn.Module, readings: Sequence[Reading], steps: 
     `readings`' labels apart patch by patch for `steps` steps (see the module docstring)."""
     started = time.perf_counter()
     config = model.config
-    vision = VisionInput(config.vision_config.image_size, config.vision_config.patch_size, config.image_token_index)
+    vision = VisionInput.of(config)
     grid = vision.image_size // vision.patch
     names = {name: i + 1 for i, name in enumerate(label_names(readings))}
     characters = {c: i for i, c in enumerate(sorted({c for reading in readings for c in reading.text}))}
     places = max((len(reading.text) for reading in readings), default=0)
-    held = max(1, int(len(readings) * HELD_OUT))
-    train, test = list(readings[:-held]), list(readings[-held:])
-    if not train or not names:
+    trained_on = len(readings) - max(1, int(len(readings) * HELD_OUT))  # the rest is held out
+    if trained_on < 1 or not names:
         raise ValueError(f"the reading warm-up needs labelled pictures to train on; got {len(readings)} picture(s) with {len(names)} label(s)")
+    pictures = [reading.image for reading in readings]
+    labels = torch.tensor([patch_labels(reading, names, grid) for reading in readings])  # [R, grid^2]
+    wanted = torch.tensor([text_labels(reading, characters, places) for reading in readings]).view(len(readings), places)  # [R, places]
     probes = Probes(config.text_config.hidden_size, len(names) + 1, places, max(len(characters), 1))
-    trained = [p for p in (*model.model.vision_tower.parameters(), *model.model.multi_modal_projector.parameters(), *probes.parameters())]
+    trained = [*model.model.vision_tower.parameters(), *model.model.multi_modal_projector.parameters(), *probes.parameters()]
     optimizer = torch.optim.AdamW(trained, lr=LR)
     rng = random.Random(f"reading/{seed}")
     torch.manual_seed(seed)
     model.train()
     bar = tqdm(range(steps), desc="reading warm-up")
     for _ in bar:
-        batch = rng.sample(train, min(BATCH_SIZE, len(train)))
-        patches, texts = probes(_features(model, vision, batch))
-        loss = reading_loss(patches, texts, _labels(batch, names, grid), _texts(batch, characters, places))
+        rows = rng.sample(range(trained_on), min(BATCH_SIZE, trained_on))
+        patches, texts = probes(_features(model, vision, [pictures[i] for i in rows]))
+        loss = reading_loss(patches, texts, labels[rows], wanted[rows])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     model.eval()
     with torch.no_grad():
-        patch_accuracy, text_accuracy = _held_out(model, probes, vision, test, names, characters, places)
+        patch_accuracy, text_accuracy = _held_out(model, probes, vision, pictures[trained_on:], labels[trained_on:], wanted[trained_on:])
     for parameter in model.parameters():
         parameter.grad = None
     return ReadingScore(steps, len(readings), len(names), patch_accuracy, text_accuracy, time.perf_counter() - started)
@@ -152,21 +154,20 @@ def reading_loss(patches: torch.Tensor, texts: torch.Tensor, labels: torch.Tenso
 
 
 def _held_out(
-    model: torch.nn.Module, probes: Probes, vision: VisionInput, test: Sequence[Reading], names: dict[str, int],
-    characters: dict[str, int], places: int,
+    model: torch.nn.Module, probes: Probes, vision: VisionInput, pictures: Sequence[Image], labels: torch.Tensor, wanted: torch.Tensor
 ) -> tuple[float, float]:
-    """ReadingScore's patch_accuracy and text_accuracy on `test`."""
-    grid = vision.image_size // vision.patch
+    """ReadingScore's patch_accuracy and text_accuracy on `pictures`, whose patch labels are
+    `labels` [R, N] and texts `wanted` [R, places]."""
     right = covered = read = with_text = 0
-    for start in range(0, len(test), BATCH_SIZE):
-        batch = test[start : start + BATCH_SIZE]
-        labels, wanted = _labels(batch, names, grid), _texts(batch, characters, places)  # [B, N], [B, places]
-        patches, texts = probes(_features(model, vision, batch))
-        right += int((patches.argmax(-1) == labels)[labels != NOTHING].sum())
-        covered += int((labels != NOTHING).sum())
-        legible = (wanted != UNREAD).any(-1)  # [B]
+    for start in range(0, len(pictures), BATCH_SIZE):
+        rows = slice(start, start + BATCH_SIZE)
+        patches, texts = probes(_features(model, vision, pictures[rows]))
+        shown, meant = labels[rows], wanted[rows]  # [B, N], [B, places]
+        right += int((patches.argmax(-1) == shown)[shown != NOTHING].sum())
+        covered += int((shown != NOTHING).sum())
+        legible = (meant != UNREAD).any(-1)  # [B]
         guessed = texts.mean(1).argmax(-1)  # [B, places]
-        read += int(((guessed == wanted) | (wanted == UNREAD)).all(-1)[legible].sum())
+        read += int(((guessed == meant) | (meant == UNREAD)).all(-1)[legible].sum())
         with_text += int(legible.sum())
     return right / max(covered, 1), (read / with_text if with_text else float("nan"))
 
@@ -185,19 +186,11 @@ class Probes(torch.nn.Module):
         return self.label(features), self.text(features).unflatten(-1, (self.places, self.characters))
 
 
-def _features(model: torch.nn.Module, vision: VisionInput, batch: Sequence[Reading]) -> torch.Tensor:
-    """What the language model receives for each patch of `batch`'s pictures.   -> [B, grid^2, width]"""
+def _features(model: torch.nn.Module, vision: VisionInput, pictures: Sequence[Image]) -> torch.Tensor:
+    """What the language model receives for each patch of `pictures`.   -> [B, grid^2, width]"""
     config = model.config
     features = model.get_image_features(
-        pixel_values=vision.pixels([reading.image for reading in batch]),
+        pixel_values=vision.pixels(pictures),
         vision_feature_layer=config.vision_feature_layer, vision_feature_select_strategy=config.vision_feature_select_strategy,
     ).pooler_output  # fmt: skip
     return torch.stack(list(features))
-
-
-def _texts(batch: Sequence[Reading], characters: dict[str, int], places: int) -> torch.Tensor:
-    return torch.tensor([text_labels(reading, characters, places) for reading in batch])  # [B, places]
-
-
-def _labels(batch: Sequence[Reading], names: dict[str, int], grid: int) -> torch.Tensor:
-    return torch.tensor([patch_labels(reading, names, grid) for reading in batch])  # [B, grid^2]

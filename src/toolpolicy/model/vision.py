@@ -70,6 +70,11 @@ class VisionInput:
         """The chat template's spelling of a picture for this model."""
         return ImageSpan(self.pads)
 
+    @staticmethod
+    def of(config: LlavaConfig) -> VisionInput:
+        """A LLaVA model's pictures, from its config."""
+        return VisionInput(config.vision_config.image_size, config.vision_config.patch_size, config.image_token_index)
+
     def pixels(self, images: Sequence[Image]) -> torch.Tensor:
         """The pictures as the forward's pixel_values.   -> [n, 3, image_size, image_size]"""
         return torch.stack([self._pixels(image) for image in images]) if images else torch.zeros(0, 3, self.image_size, self.image_size)
@@ -96,7 +101,7 @@ def vision_input(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> 
     pad_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     if pad_id != config.image_token_index:
         raise ValueError(f"the tokenizer's {IMAGE_PAD} is id {pad_id}, the model's image token is {config.image_token_index}")
-    return VisionInput(config.vision_config.image_size, config.vision_config.patch_size, pad_id)
+    return VisionInput.of(config)
 
 
 def build_vision_model(tokenizer: PreTrainedTokenizerBase, text: Qwen2Config, shape: VisionShape, seed: int) -> LlavaForConditionalGeneration:

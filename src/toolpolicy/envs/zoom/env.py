@@ -148,8 +148,8 @@ class ZoomEnv:
         out = []
         for task in self.tasks("reading", n, seed):
             info, full = task.info, draw_task(task.info)
-            if info["difficulty"] == "easy" or rng.random() < 0.5:
-                easy = info["difficulty"] == "easy"
+            easy = info["difficulty"] == "easy"
+            if easy or rng.random() < 0.5:
                 regions = _digit_regions(info) if easy else [("mark", _cell_box(*info["cell"]))]
                 out.append(_reading(full, (0, 0, PICTURE, PICTURE), regions, info["code"] if easy else ""))
                 continue
