@@ -127,10 +127,11 @@ def methods_table(*results: dict[str, Any]) -> str:
     return _markdown(("env", "method", "held-out accuracy (%)", "minus GRPO", "tokens sampled", "minutes"), rows)
 
 
-def zoom_table(sft: dict[str, Any], rl: dict[str, Any]) -> str:
-    """The embedded VLM on `zoom` after SFT and after RL. A zoom is faithful when its region
-    holds the code: the share is 1 - unfaithful_zooms / tool_call_count (both per episode)."""
-    columns = (sft, rl)
+def zoom_table(sft: dict[str, Any], rl_early: dict[str, Any], rl: dict[str, Any]) -> str:
+    """The embedded VLM on `zoom` after SFT, part-way through RL and after it. A zoom is faithful
+    when its region holds the code: the share is 1 - unfaithful_zooms / tool_call_count (both per
+    episode)."""
+    columns = (sft, rl_early, rl)
 
     def faithful(summary: dict[str, Any]) -> float:
         zooms = _value(summary, "rewards", "tool_call_count")
@@ -140,7 +141,7 @@ def zoom_table(sft: dict[str, Any], rl: dict[str, Any]) -> str:
         return label, *(show(_value(summary, *keys)) for summary in columns)
 
     return _markdown(
-        ("held-out, one sample a task", "SFT", "then RL"),
+        ("held-out, one sample a task", "SFT", "RL, 300 steps", "RL, 900 steps"),
         [
             row("accuracy", "accuracy"),
             row("accuracy, easy", "by_difficulty", "easy", "accuracy"),
@@ -158,7 +159,7 @@ TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
     "smollm2-calc": (smollm2_calc_table, ("sft-always-calls", "sft", "rl")),
     "hotel": (hotel_table, ("sft-gate-off", "rl-gate-off", "sft-gate-on", "rl-gate-on")),
     "methods": (methods_table, ("calc", "hotel")),
-    "zoom": (zoom_table, ("sft", "rl")),
+    "zoom": (zoom_table, ("sft", "rl-300", "rl")),
 }
 """Each table: its renderer and the eval names of its columns, in the renderer's argument order."""
 
