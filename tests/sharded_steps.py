@@ -1,5 +1,5 @@
 """Three RL updates on one fixed batch, in however many processes torchrun starts, the model
-held as argv[1] says (replicate or shard); rank 0 saves each update's loss and gradient norms
+held as argv[1] says (replicate, shard, or shard-kept: shard with model.shard_reshard false); rank 0 saves each update's loss and gradient norms
 and the weights after them to argv[2]. tests/test_distributed.py compares them with one
 process's.
 
@@ -21,9 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from toolpolicy.algorithms.correction import Correction
 from toolpolicy.build import load_config
+from toolpolicy.config import ModelSection
 from toolpolicy.model import PolicyModel
 from toolpolicy.model.adapters import LoraSettings, attach_lora
 from toolpolicy.rollout import Trajectory
@@ -65,6 +67,14 @@ def fixed_batch(model: torch.nn.Module, pad_id: int) -> tuple[list[Trajectory], 
     return episodes, torch.tensor([1.0, -1.0, 0.5, -0.5, -0.8, 0.8])
 
 
+HOLDINGS = {
+    "replicate": ModelSection(),
+    "shard": ModelSection(sharing="shard"),
+    "shard-kept": ModelSection(sharing="shard", shard_reshard=False),
+}
+"""The model settings argv[1] names."""
+
+
 def updates(sharing_name: str, world: World, lora: bool) -> dict:
     """Three updates of the fixed batch: their losses, gradient norms and the weights after
     them (whole, on every rank)."""
@@ -75,7 +85,8 @@ def updates(sharing_name: str, world: World, lora: bool) -> dict:
         model = attach_lora(model, LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "up_proj", "down_proj")), CALC_SFT)
     reference = model if lora else PolicyModel.load(CALC_SFT).model.eval()  # LoRA: the base with the adapter off
     episodes, advantages = fixed_batch(model, policy.pad_id)
-    sharing = SHARINGS[sharing_name](False)
+    section = HOLDINGS[sharing_name]
+    sharing = SHARINGS[section.sharing](section)
     whole = sharing.place(model, world)
     if reference is not model:
         sharing.place_frozen(reference, world)
@@ -98,7 +109,11 @@ def updates(sharing_name: str, world: World, lora: bool) -> dict:
         done = train_on_batch(learner, episodes, list(range(len(episodes))), advantages)
         losses.append(world.reduce_stats(done.sums, UPDATE_MAXIMA)["loss"])
         norms += done.grad_norms
+    with torch.no_grad():  # a pass no backward follows: with shard_reshard false its blocks stay gathered
+        recompute.logprobs(model, collate(episodes[:1], policy.pad_id))
     sharing.refresh(model, whole)
+    if section.sharing == "shard":  # which the refresh frees: no block is left gathered
+        assert all(isinstance(p, DTensor) for p in model.parameters()), "a sharded unit stayed gathered"
     return {"losses": losses, "grad_norms": norms, "weights": whole.state_dict()}
 
 

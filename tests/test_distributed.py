@@ -180,13 +180,14 @@ def one_process_steps(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return run_steps(tmp_path_factory.mktemp("steps") / "one.pt", 1, "replicate")
 
 
-@pytest.mark.parametrize("sharing", ["replicate", "shard"])
+@pytest.mark.parametrize("sharing", ["replicate", "shard", "shard-kept"])
 def test_two_processes_update_a_fixed_batch_as_one_process_does(sharing: str, one_process_steps: dict, tmp_path: Path):
     """Three RL updates of the calc model on one batch (tests/sharded_steps.py: unequal
     micro-batches per rank, a rank with nothing to train, TIS's pi_old pass, a sharded KL
     reference or, with LoRA, the base with the adapter off, clipping), every weight trained
     and then a LoRA adapter: the same losses and weights as one process to 1e-6, and gradient
-    norms to 1e-5."""
+    norms to 1e-5. shard-kept: blocks stay gathered from forward to backward
+    (model.shard_reshard: false), which the no-grad pi_old and reference passes leave gathered too."""
     both = run_steps(tmp_path / "two.pt", 2, sharing)
     start = load_file(CALC_SFT / "model.safetensors")
     for variant in ("full", "lora"):

@@ -17,6 +17,7 @@ from toolpolicy.chat.images import VISION_TOKENS
 from toolpolicy.build import load_config
 from toolpolicy.config import ConfigError
 from toolpolicy.envs import make_env
+from toolpolicy.envs.zoom.env import PICTURE
 from toolpolicy.model import reading
 from toolpolicy.model.embedded import train_tokenizer
 from toolpolicy.model.vision import VisionShape, build_vision_model
@@ -76,22 +77,26 @@ def test_the_warm_up_refuses_pictures_without_labels():
 
 def test_zoom_labels_each_digit_where_it_is_drawn_and_the_pink_square():
     readings = make_env("zoom").reading_pictures(60, seed=0)
-    digits = [r for r in readings if any(label != "mark" for label, _ in r.regions)]
-    marks = [r for r in readings if any(label == "mark" for label, _ in r.regions)]
-    assert len(digits) > 10 and len(marks) > 10
+    digits = [r for r in readings if any(not label.startswith("mark") for label, _ in r.regions)]
+    marks = [r for r in readings if any(label.startswith("mark") for label, _ in r.regions)]
+    placed = [label for r in readings for label, _ in r.regions if label.startswith("mark at ")]
+    assert len(digits) > 10 and len(marks) > 10 and len(set(placed)) > 5
     for item in readings:
         pixels = np.asarray(picture(item.image)).astype(int)
         for label, (left, top, right, bottom) in item.regions:
             inside = pixels[int(top) : int(np.ceil(bottom)), int(left) : int(np.ceil(right))]
-            if label == "mark":  # pink: red well above green
+            if label.startswith("mark"):  # pink: red well above green
                 assert (inside[..., 0] - inside[..., 1]).mean() > 30
+                if label != "mark":  # in a first view, the zoom's x and y of the cell it marks
+                    scale = PICTURE / item.image.width
+                    assert label == f"mark at {round(left * scale)},{round(top * scale)}"
             else:  # a digit is drawn in black in its box
                 place, digit = label.split(":")
                 assert place in "012" and digit.isdigit() and inside.min() < 90
     hard_zooms = [r for r in readings if len(r.regions) == 4]  # the pink square and its three digits at 1:1
     assert hard_zooms and all(r.regions[0] == ("mark", (0.0, 0.0, 64.0, 64.0)) for r in hard_zooms)
     for item in readings:  # the text is the code wherever its digits are drawn legibly, and nothing elsewhere
-        code = "".join(label.split(":")[1] for label, _ in item.regions if label != "mark")
+        code = "".join(label.split(":")[1] for label, _ in item.regions if not label.startswith("mark"))
         assert item.text == code and len(code) in (0, 3)
 
 

@@ -121,6 +121,12 @@ class ModelSection(Section):
     """sharing: shard on an accelerator: keep the shards of parameters, gradients and optimizer
     state in CPU memory, copied to the device a block at a time (FSDP2's CPUOffloadPolicy).
     Not on the CPU, where they are in CPU memory already."""
+    shard_reshard: bool = True
+    """sharing: shard: free each block's gathered weights after its forward pass and gather them
+    again for its backward (the least memory). false keeps them gathered from a micro-batch's
+    forward to its backward: fewer gathers, at the cost of holding the whole weights during
+    each pass, as ZeRO-2 does. Gradients and
+    optimizer state stay sharded either way."""
     train_vision: bool = False
     """A vision-language policy's vision tower trains with the rest (SFT and RL); false keeps it as
     loaded and trains its projector and language model only, as LLaVA's second stage does: a

@@ -22,10 +22,12 @@ How the ranks hold the model is `model.sharing`, chosen once (SHARINGS):
   passes per optimizer step: a rank with fewer micro-batches pads with one-row passes whose
   loss is multiplied by 0 (`Sharded.lockstep`, `trainer/batch.py:padding_passes`). The
   gradient reduction is a sum (FSDP2's default mean is turned off), and norms for clipping
-  are taken over the shards (`clip_gradients`). The sampler and the checkpoints' model
-  folder need whole weights: a plain copy is kept beside the shards and refilled one
-  parameter at a time after each update (`Sharded.refresh`); optimizer state is saved and
-  loaded in shards (torch.distributed.checkpoint).
+  are taken over the shards (`clip_gradients`). A block's gathered weights are freed after
+  its forward pass and gathered again for its backward, or with `model.shard_reshard: false`
+  kept from one to the other. The sampler and the checkpoints' model folder need whole
+  weights: a plain copy is kept beside the shards and refilled one sharded unit at a time
+  after each update (`Sharded.refresh`); optimizer state is saved and loaded in shards
+  (torch.distributed.checkpoint).
 
 With episode sampling streams (`sampling_streams: episode`) an episode's tokens depend only
 on its seed, not on which rank ran it, so N processes give the run one process gives with
@@ -46,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from toolpolicy.config import ModelSection
 from toolpolicy.trainer.batch import Lockstep, own_count
 
 T = TypeVar("T")
@@ -222,24 +225,32 @@ ROOT_FORWARD = "toolpolicy_forward"
 class Sharded:
     """`model.sharing: shard`: FSDP2 on each transformer block, then on the whole model (the
     embeddings, final norm and output head), every rank holding 1/N of each tensor.
-    `offload`: the shards live in CPU memory and are copied to the device a block at a time."""
+    `offload`: the shards live in CPU memory and are copied to the device a block at a time.
+    `reshard`: a block's gathered weights are freed after its forward pass (else kept to its
+    backward; `model.shard_reshard`)."""
 
     offload: bool = False
+    reshard: bool = True
 
     def place(self, model: torch.nn.Module, world: World) -> torch.nn.Module:
         """Shard `model` in place; return a plain copy of its whole weights, taken first, for
         the sampler and the checkpoints' model folder (the one whole copy this process holds)."""
         whole = copy.deepcopy(model).requires_grad_(False)
-        self.place_frozen(model, world)
+        self._shard(model, self.reshard)
         return whole
 
     def place_frozen(self, model: torch.nn.Module, world: World) -> None:
+        """Shard a model that does not train (the KL reference): its blocks free their gathered
+        weights after each forward pass, since no backward pass comes to free them."""
+        self._shard(model, True)
+
+    def _shard(self, model: torch.nn.Module, reshard: bool) -> None:
         """Shard `model` in place, each block as its own unit, and make its gradient reduction a sum."""
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard, register_fsdp_forward_method
 
         policy = CPUOffloadPolicy() if self.offload else OffloadPolicy()
         for block in transformer_blocks(model):
-            fully_shard(block, offload_policy=policy)
+            fully_shard(block, offload_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, offload_policy=policy)
         for unit in model.modules():
             if isinstance(unit, FSDPModule):
@@ -267,14 +278,31 @@ class Sharded:
         """Nothing left to do: the backward pass scattered each block's summed gradient."""
 
     def refresh(self, model: torch.nn.Module, whole: torch.nn.Module) -> None:
-        """Copy the trained weights into `whole`, one gathered parameter at a time (a tied one
-        once; frozen ones, a LoRA model's base, are as `place` copied them; buffers are not
-        sharded and do not train)."""
+        """Copy the trained weights into `whole` a sharded unit at a time: each block's
+        parameters gathered by one collective (`unshard`), copied and freed again, then the
+        root's (embeddings, final norm, head; a tied one once). A unit with nothing trained
+        (a LoRA model's frozen parts) is skipped; buffers are not sharded and do not train.
+        At most one unit is whole beside `whole` at any time: weights a forward pass without
+        a backward left gathered (`shard_reshard: false`) are freed first."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for unit in model.modules():
+            if isinstance(unit, FSDPModule):
+                unit.reshard()
+        targets = dict(whole.named_parameters())
+        trained = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+        assert set(trained) <= targets.keys(), sorted(set(trained) - targets.keys())[:3]
+        units = [(f"{prefix}.", unit) for prefix, unit in model.named_modules() if isinstance(unit, FSDPModule) and unit is not model]
+        rest = [name for name in trained if not any(name.startswith(prefix) for prefix, _ in units)]
         with torch.no_grad():
-            for (name, shard), (same, target) in zip(model.named_parameters(), whole.named_parameters(), strict=True):
-                assert name == same, (name, same)
-                if shard.requires_grad:
-                    target.copy_(shard.full_tensor() if isinstance(shard, DTensor) else shard)
+            for prefix, unit in [*units, ("", model)]:
+                mine = [name for name in trained if name.startswith(prefix)] if prefix else rest
+                if not mine:  # the same on every rank: no rank enters the collective alone
+                    continue
+                unit.unshard()
+                for name in mine:
+                    targets[name].copy_(model.get_parameter(name))
+                unit.reshard()
 
     def shards(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Shards:
         return Shards(model, optimizer)
@@ -295,13 +323,13 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
-SHARINGS: dict[str, Callable[[bool], Replicated | Sharded]] = {
-    "replicate": lambda offload: Replicated(),
-    "shard": lambda offload: Sharded(offload),
+SHARINGS: dict[str, Callable[[ModelSection], Replicated | Sharded]] = {
+    "replicate": lambda model: Replicated(),
+    "shard": lambda model: Sharded(model.shard_offload, model.shard_reshard),
 }
 
 
-def sharing_of(name: str, offload: bool, world: World) -> Replicated | Sharded:
-    """How this run's processes hold the model: `model.sharing` (`name`) under torchrun; one
-    process has nothing to share, so it replicates whatever the config says."""
-    return SHARINGS[name if world.size > 1 else "replicate"](offload)
+def sharing_of(model: ModelSection, world: World) -> Replicated | Sharded:
+    """How this run's processes hold the model: `model.sharing` under torchrun; one process has
+    nothing to share, so it replicates whatever the config says."""
+    return SHARINGS[model.sharing if world.size > 1 else "replicate"](model)

@@ -628,7 +628,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     world = World.from_environment(resolve_device(cfg.model.device))
     policy = trainable_policy(cfg.model, checkpoint or rl.init_from, phase_dir, checkpoint is not None, cfg.run.seed, world.main, world.barrier)
     model = policy.model
-    sharing = sharing_of(cfg.model.sharing, cfg.model.shard_offload, world)
+    sharing = sharing_of(cfg.model, world)
     whole = sharing.place(model, world)  # the weights that sample and are saved: `model`, or a copy beside its shards
     reference = None
     if cfg.algorithm.beta > 0 or cfg.algorithm.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from

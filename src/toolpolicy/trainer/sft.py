@@ -107,7 +107,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     checkpoint = resume_from(phase_dir) if resume else None
     policy = trainable_policy(cfg.model, checkpoint or base, phase_dir, checkpoint is not None, cfg.run.seed, world.main, world.barrier)
     model = policy.model
-    sharing = sharing_of(cfg.model.sharing, cfg.model.shard_offload, world)
+    sharing = sharing_of(cfg.model, world)
     whole = sharing.place(model, world)  # the weights saved: `model`, or a copy beside its shards
     recompute = replace(FULL_SEQUENCES, logprobs=sharing.logprobs(FULL_SEQUENCES.logprobs))
     examples = sft_examples(cfg, cfg.sft.examples, policy.chat, policy.encode, policy.decode, "sft")

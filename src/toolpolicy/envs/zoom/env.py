@@ -19,7 +19,8 @@ difficulty, `evidence` (the code's bounding box, in the picture's pixels), `min_
 
 `reading_pictures` are what the embedded VLM's vision tower learns to read before SFT
 (model/reading.py): views and zoomed cells, each digit of a code labelled with its place in
-the code, the pink square labelled as a mark, and the code as the text of each picture
+the code, the pink square labelled as a mark (in a first view, with the x and y a zoom on
+its cell names), and the code as the text of each picture
 where it is legible.
 
 `expert_turns` is the imperfect demonstrator for the SFT cold start: on hard tasks it
@@ -142,7 +143,7 @@ class ZoomEnv:
 
     def reading_pictures(self, n: int, seed: int) -> list[Reading]:
         """`n` pictures as the model sees them, with what is where: half of them first views
-        (an easy code's digits, a hard task's pink square), half zooms on a hard task's cells
+        (an easy code's digits, a hard task's pink square and the cell it marks), half zooms on a hard task's cells
         (its pink square with the code at 1:1 most of the time, another cell otherwise)."""
         rng = random.Random(f"zoom/reading/{seed}")
         out = []
@@ -150,7 +151,7 @@ class ZoomEnv:
             info, full = task.info, draw_task(task.info)
             easy = info["difficulty"] == "easy"
             if easy or rng.random() < 0.5:
-                regions = _digit_regions(info) if easy else [("mark", _cell_box(*info["cell"]))]
+                regions = _digit_regions(info) if easy else [(_mark_in_view(*info["cell"]), _cell_box(*info["cell"]))]
                 out.append(_reading(full, (0, 0, PICTURE, PICTURE), regions, info["code"] if easy else ""))
                 continue
             row, col = info["cell"] if rng.random() < 0.7 else (rng.randrange(GRID), rng.randrange(GRID))
@@ -182,6 +183,12 @@ class ZoomEnv:
             return [zoom_on(row, col), Message("assistant", f"Answer: {task.answer}")]
         wrong = rng.choice([(r, c) for r in range(GRID) for c in range(GRID) if (r, c) != (row, col)])
         return [zoom_on(*wrong), Message("assistant", f"Answer: {_guess(task.answer, rng)}")]
+
+
+def _mark_in_view(row: int, col: int) -> str:
+    """The label of the pink square in a first view: where it is, as the zoom that reads it
+    names the region (a zoomed cell shows no place, and is labelled "mark" alone)."""
+    return f"mark at {col * CELL},{row * CELL}"
 
 
 def _cell_box(row: int, col: int) -> tuple[int, int, int, int]:
