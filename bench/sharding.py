@@ -5,8 +5,8 @@ Each run is `torchrun --nproc-per-node N` of this file's worker: a Llama of Smol
 shape (the project builds it: 134.5M parameters, tied embeddings, float32, random weights,
 since neither memory nor time depends on their values) trained with the RL update as
 `toolpolicy train` runs it (`trainer/rl.py:train_on_batch`, AdamW, one optimizer step on a
-batch of GROUPS groups of GROUP_SIZE episodes, a PROMPT-token prompt and RESPONSE sampled
-tokens each, or the sizes given; micro-batches as the config's defaults cut them), the
+batch of 4 groups of 2 episodes, a 48-token prompt and 16 sampled tokens each, or the sizes
+given (`Batch`); micro-batches as the config's defaults cut them), the
 weights then gathered into the sampler's whole copy as after every RL step (timed apart as
 well). The holdings: replicate, shard, and shard-kept (shard with `model.shard_reshard:
 false`: each block stays gathered from its forward pass to its backward). No rollouts: this
@@ -17,7 +17,7 @@ gradients and AdamW's moments it holds (its shards under shard), without the sam
 which is reported beside it. Seconds per step: the median after the first step (the rank
 that took longest each step).
 
-    .venv/bin/python bench/sharding.py [--steps 6] [--processes 2 4]
+    .venv/bin/python bench/sharding.py [--steps 3] [--processes 1 2 4]
     .venv/bin/python bench/sharding.py --groups 4 --group-size 4 --prompt 128 --response 32 --name sharding_rl_batch
 
 Writes bench/results/NAME.json (sharding.json). On a machine with two cores, 4 processes
@@ -46,7 +46,6 @@ SMOLLM2_135M = dict(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
     num_key_value_heads=3, max_position_embeddings=2048, tie_word_embeddings=True,
 )
-GROUPS, GROUP_SIZE, PROMPT, RESPONSE = 4, 2, 48, 16
 SHARINGS = ("replicate", "shard", "shard-kept")
 """How the processes hold the model: model.sharing, and shard-kept for shard with model.shard_reshard false."""
 
@@ -55,10 +54,10 @@ SHARINGS = ("replicate", "shard", "shard-kept")
 class Batch:
     """The update's batch: `groups` groups of `group_size` episodes, `prompt` + `response` tokens each."""
 
-    groups: int = GROUPS
-    group_size: int = GROUP_SIZE
-    prompt: int = PROMPT
-    response: int = RESPONSE
+    groups: int = 4
+    group_size: int = 2
+    prompt: int = 48
+    response: int = 16
 
     def __str__(self) -> str:
         return f"{self.groups} groups of {self.group_size}, {self.prompt}+{self.response} tokens"
@@ -160,10 +159,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--groups", type=int, default=GROUPS)
-    parser.add_argument("--group-size", type=int, default=GROUP_SIZE)
-    parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens of each episode")
-    parser.add_argument("--response", type=int, default=RESPONSE, help="sampled tokens of each episode")
+    parser.add_argument("--groups", type=int, default=Batch.groups)
+    parser.add_argument("--group-size", type=int, default=Batch.group_size)
+    parser.add_argument("--prompt", type=int, default=Batch.prompt, help="prompt tokens of each episode")
+    parser.add_argument("--response", type=int, default=Batch.response, help="sampled tokens of each episode")
     parser.add_argument("--name", default="sharding", help="writes bench/results/NAME.json")
     parser.add_argument("--work", default="/tmp/bench-sharding")
     parser.add_argument("--worker", choices=SHARINGS, help=argparse.SUPPRESS)

@@ -1,6 +1,7 @@
 """Three RL updates on one fixed batch, in however many processes torchrun starts, the model
-held as argv[1] says (replicate, shard, or shard-kept: shard with model.shard_reshard false); rank 0 saves each update's loss and gradient norms
-and the weights after them to argv[2]. tests/test_distributed.py compares them with one
+held as argv[1] says (replicate, shard, or shard-kept: shard with model.shard_reshard
+false); rank 0 saves each update's loss and gradient norms and the weights after them to
+argv[2]. tests/test_distributed.py compares them with one
 process's.
 
     python tests/sharded_steps.py replicate OUT                               # one process

@@ -125,8 +125,7 @@ class ModelSection(Section):
     """sharing: shard: free each block's gathered weights after its forward pass and gather them
     again for its backward (the least memory). false keeps them gathered from a micro-batch's
     forward to its backward: fewer gathers, at the cost of holding the whole weights during
-    each pass, as ZeRO-2 does. Gradients and
-    optimizer state stay sharded either way."""
+    each pass, as ZeRO-2 does. Gradients and optimizer state stay sharded either way."""
     train_vision: bool = False
     """A vision-language policy's vision tower trains with the rest (SFT and RL); false keeps it as
     loaded and trains its projector and language model only, as LLaVA's second stage does: a

@@ -20,8 +20,7 @@ difficulty, `evidence` (the code's bounding box, in the picture's pixels), `min_
 `reading_pictures` are what the embedded VLM's vision tower learns to read before SFT
 (model/reading.py): views and zoomed cells, each digit of a code labelled with its place in
 the code, the pink square labelled as a mark (in a first view, with the x and y a zoom on
-its cell names), and the code as the text of each picture
-where it is legible.
+its cell names), and the code as the text of each picture where it is legible.
 
 `expert_turns` is the imperfect demonstrator for the SFT cold start: on hard tasks it
 zooms on the right cell only some of the time (on a wrong one, or not at all, otherwise,
@@ -143,8 +142,9 @@ class ZoomEnv:
 
     def reading_pictures(self, n: int, seed: int) -> list[Reading]:
         """`n` pictures as the model sees them, with what is where: half of them first views
-        (an easy code's digits, a hard task's pink square and the cell it marks), half zooms on a hard task's cells
-        (its pink square with the code at 1:1 most of the time, another cell otherwise)."""
+        (an easy code's digits, a hard task's pink square and the cell it marks), half zooms on
+        a hard task's cells (its pink square with the code at 1:1 most of the time, another
+        cell otherwise)."""
         rng = random.Random(f"zoom/reading/{seed}")
         out = []
         for task in self.tasks("reading", n, seed):
@@ -188,7 +188,8 @@ class ZoomEnv:
 def _mark_in_view(row: int, col: int) -> str:
     """The label of the pink square in a first view: where it is, as the zoom that reads it
     names the region (a zoomed cell shows no place, and is labelled "mark" alone)."""
-    return f"mark at {col * CELL},{row * CELL}"
+    left, top, _, _ = _cell_box(row, col)
+    return f"mark at {left},{top}"
 
 
 def _cell_box(row: int, col: int) -> tuple[int, int, int, int]:
