@@ -6,18 +6,19 @@ shape (the project builds it: 134.5M parameters, tied embeddings, float32, rando
 since neither memory nor time depends on their values) trained with the RL update as
 `toolpolicy train` runs it (`trainer/rl.py:train_on_batch`, AdamW, one optimizer step on a
 batch of 4 groups of 2 episodes, a 48-token prompt and 16 sampled tokens each, or the sizes
-given (`Batch`); micro-batches as the config's defaults cut them), the
-weights then gathered into the sampler's whole copy as after every RL step (timed apart as
-well). The holdings: replicate, shard, and shard-kept (shard with `model.shard_reshard:
-false`: each block stays gathered from its forward pass to its backward). No rollouts: this
-measures what the way of holding the model changes. Each process reports its peak RSS (the
-high-water mark of the whole process: Python, torch, the model, the batch's activations, and
-under shard the whole-weights copy the sampler keeps) and its model state: parameters,
-gradients and AdamW's moments it holds (its shards under shard), without the sampler's copy,
-which is reported beside it. Seconds per step: the median after the first step (the rank
-that took longest each step).
+given (`Batch`); micro-batches as the config's defaults cut them), then the weights gathered
+whole for the sampler as after every RL step (`Sharded.refresh`, timed apart as well; the
+next update starts from them). The holdings: replicate, shard, and shard-kept (shard with
+`model.shard_reshard: false`: each block stays gathered from its forward pass to its
+backward). No rollouts: this measures what the way of holding the model changes. Each
+process reports its peak RSS (the high-water mark of the whole process: Python, torch, the
+model, the batch's activations, and under shard the weights gathered for the sampler) and its
+model state: parameters, gradients and AdamW's moments it holds (its shards under shard).
+`sampler_copy_mb`: memory the sampler's weights take beside the model's own (0 when they are
+the model's, or its gathered shards). Seconds per step: the median after the first step (the
+rank that took longest each step).
 
-    .venv/bin/python bench/sharding.py [--steps 3] [--processes 1 2 4]
+    .venv/bin/python bench/sharding.py [--steps 5] [--processes 1 2 4]
     .venv/bin/python bench/sharding.py --groups 4 --group-size 4 --prompt 128 --response 32 --name sharding_rl_batch
 
 Writes bench/results/NAME.json (sharding.json). On a machine with two cores, 4 processes
@@ -114,7 +115,8 @@ def worker(sharing_name: str, steps: int, batch: Batch, out: Path) -> None:
         seconds.append(time.perf_counter() - began)
         gathers.append(time.perf_counter() - updated)
     state = memory_metrics(model, optimizer)["memory/model_state_mb"]
-    copy_mb = sum(p.numel() * p.element_size() for p in whole.parameters()) / 2**20 if whole is not model else 0.0
+    own = {p.data_ptr() for p in model.parameters()}  # the gathered tensors after a refresh, under shard
+    copy_mb = sum(p.numel() * p.element_size() for p in whole.parameters() if p.data_ptr() not in own) / 2**20
     row = {
         "rank": world.rank, "seconds": seconds, "gather_seconds": gathers, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10,
         "model_state_mb": state, "sampler_copy_mb": copy_mb, "parameters": sum(p.numel() for p in model.parameters()),
@@ -157,7 +159,7 @@ def batch_args(batch: Batch) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--groups", type=int, default=Batch.groups)
     parser.add_argument("--group-size", type=int, default=Batch.group_size)

@@ -29,6 +29,7 @@ from toolpolicy.build import load_config
 from toolpolicy.config import ModelSection
 from toolpolicy.model import PolicyModel
 from toolpolicy.model.adapters import LoraSettings, attach_lora
+from toolpolicy.model.placement import held_parameters
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import SHARED_PROMPTS, collate
 from toolpolicy.trainer.distributed import SHARINGS, World
@@ -106,16 +107,22 @@ def updates(sharing_name: str, world: World, lora: bool) -> dict:
         policy.pad_id, settings, sharing,
     )
     losses, norms = [], []
-    for _ in range(3):
+    for _ in range(3):  # as train_rl runs them: the update starts from the weights gathered for the sampler
         done = train_on_batch(learner, episodes, list(range(len(episodes))), advantages)
         losses.append(world.reduce_stats(done.sums, UPDATE_MAXIMA)["loss"])
         norms += done.grad_norms
-    with torch.no_grad():  # a pass no backward follows: with shard_reshard false its blocks stay gathered
+        if section.sharing == "shard":  # the update's passes freed every gathered unit: the optimizer stepped on shards alone
+            assert all(isinstance(p, DTensor) for p in model.parameters()), "a sharded unit stayed gathered through the update"
+        sharing.refresh(model, whole)
+    with torch.no_grad():  # a pass no backward follows (with shard_reshard false its blocks stay gathered), then a refresh
         recompute.logprobs(model, collate(episodes[:1], policy.pad_id))
     sharing.refresh(model, whole)
-    if section.sharing == "shard":  # which the refresh frees: no block is left gathered
-        assert all(isinstance(p, DTensor) for p in model.parameters()), "a sharded unit stayed gathered"
-    return {"losses": losses, "grad_norms": norms, "weights": whole.state_dict()}
+    if section.sharing == "shard":  # the sampler's weights are the gathered ones, not a second copy
+        for name, parameter in whole.named_parameters():
+            gathered = model.get_parameter(name)
+            assert not isinstance(gathered, DTensor) and parameter.data_ptr() == gathered.data_ptr(), f"{name} is not the gathered weight"
+        assert all(isinstance(p, DTensor) for p in held_parameters(model)), "the memory figures would count the gathered weights as held"
+    return {"losses": losses, "grad_norms": norms, "weights": {name: tensor.clone() for name, tensor in whole.state_dict().items()}}
 
 
 def main(sharing_name: str, out: Path) -> None:

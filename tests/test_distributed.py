@@ -87,6 +87,10 @@ def test_two_processes_take_the_steps_one_process_takes(one_process: Path, two_p
     one, two = metrics(one_process), metrics(two_processes)
     assert [row["step"] for row in two] == [1, 2, 3]
     assert_same_steps(one, two)
+    # Each sharded process holds half the model state (parameters, gradients, AdamW's moments).
+    share = 2 if two_processes.name.endswith("shard") else 1
+    for a, b in zip(*(map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) for run in (one_process, two_processes))):
+        assert b["memory/model_state_mb"] == pytest.approx(a["memory/model_state_mb"] / share, rel=0.01)
     for a, b in zip(one, two):
         assert b["reward"] == a["reward"] and b["trained_episodes"] == a["trained_episodes"]
     # Each rank ran half of the groups: together, the decisions one process made.

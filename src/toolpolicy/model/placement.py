@@ -14,7 +14,7 @@ import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -165,12 +165,31 @@ def local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
+def held_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The model's parameters as this process keeps them: under FSDP2 each unit's shards
+    (DTensors), also while the unit is gathered for the sampler
+    (`trainer/distributed.py:Sharded.refresh`); else the parameters themselves."""
+    units = sharded_units(model)
+    if not units:
+        return list(model.parameters())
+    return [param.sharded_param for _, group in units for param in group.fsdp_params]
+
+
+def sharded_units(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Any]]:
+    """`model`'s FSDP2 units that hold parameters, each with its parameter group (its shards,
+    and `is_unsharded` while gathered); none when the model is not sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [(unit, unit._get_fsdp_state()._fsdp_param_group) for unit in model.modules() if isinstance(unit, FSDPModule)]
+    return [(unit, group) for unit, group in units if group is not None]
+
+
 def memory_metrics(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
     """What a training step holds in this process: peak memory, optimizer state, the model's
     state (parameters, gradients and optimizer state: this process's shards under sharding)
     and the trainable parameters (the whole model's count)."""
     state = sum(local_bytes(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
-    weights = sum(local_bytes(p) + (local_bytes(p.grad) if p.grad is not None else 0) for p in model.parameters())
+    weights = sum(local_bytes(p) + (local_bytes(p.grad) if p.grad is not None else 0) for p in held_parameters(model))
     return {
         "memory/peak_mb": peak_memory_mb(device_of(model)),
         "memory/optimizer_mb": state / 2**20,

@@ -25,9 +25,10 @@ How the ranks hold the model is `model.sharing`, chosen once (SHARINGS):
   are taken over the shards (`clip_gradients`). A block's gathered weights are freed after
   its forward pass and gathered again for its backward, or with `model.shard_reshard: false`
   kept from one to the other. The sampler and the checkpoints' model folder need whole
-  weights: a plain copy is kept beside the shards and refilled one sharded unit at a time
-  after each update (`Sharded.refresh`); optimizer state is saved and loaded in shards
-  (torch.distributed.checkpoint).
+  weights: after each update every unit is gathered once (`Sharded.refresh`) and a plain
+  module whose parameters are those gathered tensors samples and is saved, so no second copy
+  of the weights exists; the next training pass uses them without gathering again and frees
+  them. Optimizer state is saved and loaded in shards (torch.distributed.checkpoint).
 
 With episode sampling streams (`sampling_streams: episode`) an episode's tokens depend only
 on its seed, not on which rank ran it, so N processes give the run one process gives with
@@ -39,7 +40,8 @@ from __future__ import annotations
 import copy
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +51,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from toolpolicy.config import ModelSection
+from toolpolicy.model.placement import sharded_units
 from toolpolicy.trainer.batch import Lockstep, own_count
 
 T = TypeVar("T")
@@ -206,15 +209,30 @@ class Shards:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=folder / SHARDS)
+        with as_shards(self.model):
+            dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}, checkpoint_id=folder / SHARDS)
 
     def load(self, folder: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the layout to read into
-        dcp.load(state, checkpoint_id=folder / SHARDS)
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        with as_shards(self.model):
+            state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}  # the layout to read into
+            dcp.load(state, checkpoint_id=folder / SHARDS)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+
+
+@contextmanager
+def as_shards(model: torch.nn.Module) -> Iterator[None]:
+    """`model`'s parameters as its shards inside the block (the optimizer's state is named
+    after them), every unit gathered before it gathered again after (the sampler's weights,
+    `Sharded.refresh`)."""
+    gathered = [unit for unit, group in sharded_units(model) if group.is_unsharded]
+    for unit in gathered:
+        unit.reshard()
+    yield
+    for unit in gathered:
+        unit.unshard()
 
 
 ROOT_FORWARD = "toolpolicy_forward"
@@ -233,9 +251,9 @@ class Sharded:
     reshard: bool = True
 
     def place(self, model: torch.nn.Module, world: World) -> torch.nn.Module:
-        """Shard `model` in place; return a plain copy of its whole weights, taken first, for
-        the sampler and the checkpoints' model folder (the one whole copy this process holds)."""
-        whole = copy.deepcopy(model).requires_grad_(False)
+        """Shard `model` in place; return the plain module that samples and is saved: `model`'s
+        structure, holding no weights until `refresh` gives it the gathered ones."""
+        whole = skeleton(model)
         self._shard(model, self.reshard)
         return whole
 
@@ -278,34 +296,28 @@ class Sharded:
         """Nothing left to do: the backward pass scattered each block's summed gradient."""
 
     def refresh(self, model: torch.nn.Module, whole: torch.nn.Module) -> None:
-        """Copy the trained weights into `whole` a sharded unit at a time: each block's
-        parameters gathered by one collective (`unshard`), copied and freed again, then the
-        root's (embeddings, final norm, head; a tied one once). A unit with nothing trained
-        (a LoRA model's frozen parts) is skipped; buffers are not sharded and do not train.
-        At most one unit is whole beside `whole` at any time: weights a forward pass without
-        a backward left gathered (`shard_reshard: false`) are freed first."""
-        from torch.distributed.fsdp import FSDPModule
-
-        for unit in model.modules():
-            if isinstance(unit, FSDPModule):
-                unit.reshard()
-        targets = dict(whole.named_parameters())
-        trained = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
-        assert set(trained) <= targets.keys(), sorted(set(trained) - targets.keys())[:3]
-        units = [(f"{prefix}.", unit) for prefix, unit in model.named_modules() if isinstance(unit, FSDPModule) and unit is not model]
-        rest = [name for name in trained if not any(name.startswith(prefix) for prefix, _ in units)]
-        with torch.no_grad():
-            for prefix, unit in [*units, ("", model)]:
-                mine = [name for name in trained if name.startswith(prefix)] if prefix else rest
-                if not mine:  # the same on every rank: no rank enters the collective alone
-                    continue
-                unit.unshard()
-                for name in mine:
-                    targets[name].copy_(model.get_parameter(name))
-                unit.reshard()
+        """Gather every sharded unit (one collective each; a no-op for a unit still gathered)
+        and make `whole`'s parameters the gathered tensors themselves: the sampler and the
+        checkpoints read the updated weights with no copy made. They stay gathered until the
+        next training pass, which uses them as they are and frees each unit after its forward
+        pass (after its backward with `shard_reshard: false`); `whole` is only read before that.
+        The trainer lists the parameters it optimizes while the model is sharded (a gathered
+        unit's parameters are its plain tensors, not the shards the optimizer steps on)."""
+        for unit, _ in sharded_units(model):
+            unit.unshard()
+        for name, _ in whole.named_parameters(remove_duplicate=False):
+            owner, _, field = name.rpartition(".")
+            setattr(whole.get_submodule(owner), field, model.get_parameter(name))  # the gathered tensor, not a DTensor shard
 
     def shards(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Shards:
         return Shards(model, optimizer)
+
+
+def skeleton(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose parameters hold no memory (on the meta device, tied ones still
+    tied; buffers copied), to be given real parameters afterwards."""
+    memo: dict[int, Any] = {id(p): torch.nn.Parameter(p.detach().to("meta"), requires_grad=False) for p in model.parameters()}
+    return copy.deepcopy(model, memo)
 
 
 def _call(model: torch.nn.Module, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -629,7 +629,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     policy = trainable_policy(cfg.model, checkpoint or rl.init_from, phase_dir, checkpoint is not None, cfg.run.seed, world.main, world.barrier)
     model = policy.model
     sharing = sharing_of(cfg.model, world)
-    whole = sharing.place(model, world)  # the weights that sample and are saved: `model`, or a copy beside its shards
+    whole = sharing.place(model, world)  # the weights that sample and are saved: `model`, or its shards gathered
     reference = None
     if cfg.algorithm.beta > 0 or cfg.algorithm.log_kl:  # LoRA: the model itself with its adapter off; else a second copy of init_from
         reference = model if cfg.model.lora_rank else load_policy_model(cfg.model, rl.init_from).model.eval()
@@ -659,6 +659,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         if checkpoint else Restored(0, saved_start(phase_dir) if resume else {})
     )
     start = restored.step
+    sharing.refresh(model, whole)  # the sampler's weights, after the optimizer took its parameters and a resume its state
     log = MetricsLog(run_dir / "metrics.jsonl", open_trackers(cfg, run_dir, "rl", start) if world.main else ())
     store = phase_dir / "rollouts" if rl.store_rollouts and world.main else None
     if world.main:
@@ -786,6 +787,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         pool.close()  # the audit logs, and Ray's workers
         log.close()
 
+    sharing.refresh(model, whole)  # gathered already, unless the run was resumed at its end
     final = save_final(phase_dir, whole, policy.tokenizer) if world.main else phase_dir / "final"
     world.barrier()
     world.close()

@@ -108,7 +108,7 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     policy = trainable_policy(cfg.model, checkpoint or base, phase_dir, checkpoint is not None, cfg.run.seed, world.main, world.barrier)
     model = policy.model
     sharing = sharing_of(cfg.model, world)
-    whole = sharing.place(model, world)  # the weights saved: `model`, or a copy beside its shards
+    whole = sharing.place(model, world)  # the weights saved: `model`, or its shards gathered
     recompute = replace(FULL_SEQUENCES, logprobs=sharing.logprobs(FULL_SEQUENCES.logprobs))
     examples = sft_examples(cfg, cfg.sft.examples, policy.chat, policy.encode, policy.decode, "sft")
     examples = within_prompt_budget(examples, cfg.env.max_prompt_tokens)
@@ -152,7 +152,8 @@ def train_sft(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 world=world, shards=sharing.shards(model, optimizer),
             )
             world.barrier()  # no rank runs ahead of a checkpoint it may resume from
-    log.close()  # `whole` holds the last step's weights: its checkpoint refreshed it (or, resumed at the end, it was loaded so)
+    log.close()
+    sharing.refresh(model, whole)  # the last checkpoint gathered them already, unless the run was resumed at its end
     final = save_final(phase_dir, whole, policy.tokenizer) if world.main else phase_dir / "final"
     world.barrier()
     world.close()
