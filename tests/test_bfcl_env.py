@@ -215,7 +215,7 @@ def test_composed_entries_join_two_kept_entries_and_score_both_calls_in_any_orde
         same = next(iter(first.expected[0])) == next(iter(second.expected[0]))
         assert entry.category == ("composed_parallel" if same else "composed_parallel_multiple")
     assert [e.id for e in composed_entries(env.pools["train"], 40)] == [e.id for e in extra]  # seeded
-    with pytest.raises(ValueError, match="composable pairs"):
+    with pytest.raises(ValueError, match="composable tuples"):
         composed_entries(env.pools["train"][:3], 2)
     # both calls, in either order, pass; one of them alone fails
     writable = [e for e in extra if not {*e.id.removeprefix("composed_").split("+")} & UNWRITABLE]
@@ -229,6 +229,30 @@ def test_composed_entries_join_two_kept_entries_and_score_both_calls_in_any_orde
         assert {rubric.score(e).total for e in episodes} == {right}
     cfg = load_config(None, ["env=bfcl", "env.composed=40"])
     assert [e.id for e in build_env(cfg.env).pools["train"]] == [e.id for e in composed.pools["train"]]
+
+
+def test_composed_entries_of_three_and_four_calls_ask_distinct_questions_of_one_function_list(env):
+    from toolpolicy.envs.bfcl.single_turn import composed_entries, question_key
+
+    kept = {e.id: e for e in env.pools["train"]}
+    extra = composed_entries(env.pools["train"], 31, calls=(2, 3, 4))
+    assert [len(e.expected) for e in extra] == [2] * 11 + [3] * 10 + [4] * 10  # shared out evenly, in order
+    assert [e.id for e in extra[:11]] == [e.id for e in composed_entries(env.pools["train"], 11)]  # two calls as before
+    for size in (3, 4):
+        of_size = [e for e in extra if len(e.expected) == size]
+        assert sum(e.category == "composed_parallel" for e in of_size) == 5  # half call one function
+    for entry in extra:
+        parts = [kept[i] for i in entry.id.removeprefix("composed_").split("+")]
+        assert all(p.functions == entry.functions for p in parts)
+        assert entry.expected == [call for p in parts for call in p.expected]
+        assert entry.messages == [Message("user", "\n".join(p.messages[0].content for p in parts))]
+        assert len({question_key(p) for p in parts}) == len(parts)
+        one = len({next(iter(p.expected[0])) for p in parts}) == 1
+        assert entry.category == ("composed_parallel" if one else "composed_parallel_multiple")
+    again = make_env("bfcl", composed=31, composed_calls=[2, 3, 4]).pools["train"][len(env.pools["train"]):]
+    assert [e.id for e in again] == [e.id for e in extra]  # the environment's option, seeded
+    with pytest.raises(ValueError, match="not a number of calls"):
+        composed_entries(env.pools["train"], 4, calls=(1,))
 
 
 # ---- the demonstrator ----------------------------------------------------------------------

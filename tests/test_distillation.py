@@ -93,13 +93,16 @@ def test_a_teacher_with_another_vocabulary_is_refused() -> None:
 
 def test_rl_distils_from_a_teacher_and_the_student_as_its_own_teacher_is_zero(tmp_path: Path) -> None:
     """A student that is its own teacher: every sampled token's teacher log-prob is its own
-    (the hf backend's log-probs are the trainer's numbers), so the reverse KL is 0 and the
-    distilled advantage is 0 on every token: nothing moves with the teacher alone."""
+    (the hf backend's log-probs are the trainer's numbers, to float32 rounding), so the
+    reverse KL is 0 and the distilled advantage is 0 on every token of the first step. Only
+    the first: where the sampler's and the trainer's numbers differ in the last bits (on some
+    CPUs), AdamW turns those 1e-8 gradients into a step of full size and the second step's
+    student is no longer the teacher."""
     args = ["train", str(SMOKE), "--set", f"rl.init_from={CALC_SFT}", "--set", f"algorithm.teacher={CALC_SFT}",
             "--set", "algorithm.teacher_alone=true", "--set", "rl.steps=2", "--set", f"run.dir={tmp_path}"]
     assert main(args) == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(abs(r["distill/reverse_kl"]) < 1e-5 and r["tokens/teacher"] > 0 for r in rows), rows
+    assert abs(rows[0]["distill/reverse_kl"]) < 1e-5 and abs(rows[0]["loss"]) < 1e-5, rows[0]
+    assert all(r["tokens/teacher"] > 0 for r in rows), rows
     assert all(r["kept_groups"] == r["signal_groups"] == load_config(SMOKE).rl.prompts_per_step for r in rows)
-    assert all(abs(r["loss"]) < 1e-5 for r in rows)

@@ -50,15 +50,17 @@ non-live entries (400 + 100 + 50 + 200 + 200 + 200 + 240).
 `bfcl_categories`); the drops are decided against every held-out entry whichever are kept.
 
 Composed entries. Half of BFCL's non-live AST categories ask for several calls in one turn
-(parallel: one function called several times; parallel_multiple: several functions), but
-after the drops the live side has 22 such entries. `BfclEnv(composed=N)` (the config's
-`bfcl_composed`) adds N train entries each made of two kept live entries that offer the
-same functions (same schemas) and expect one call each: the two questions as one user
-message, both calls expected (`compose`). Pairs calling the same function are
-`composed_parallel`, the others `composed_parallel_multiple`, drawn half and half as far
-as each kind goes, each entry in at most four pairs (`composed_entries`). They are built from the train split alone, so nothing of
-the held-out side enters, and scored like any entry: BFCL's verdict on several expected
-calls, in any order.
+(parallel: one function called several times; parallel_multiple: several functions; of
+their 400 entries, 224 expect three calls or more), but after the drops the live side has
+22 such entries. `BfclEnv(composed=N, composed_calls=(2,))` (the config's `env.composed`,
+`env.composed_calls`) adds N train entries, shared out over the numbers of calls named,
+each made of that many kept live entries that offer the same functions (same schemas) and
+expect one call each: the questions as one user message, one a line, every call expected
+(`compose`). Tuples calling one function are `composed_parallel`, the others
+`composed_parallel_multiple`, drawn half and half as far as each kind goes, each entry in
+at most four tuples of a size (`composed_entries`). They are built from the train split
+alone, so nothing of the held-out side enters, and scored like any entry: BFCL's verdict
+on several expected calls, in any order.
 
 The gate knows one schema per function name, but entries show one name with different
 schemas (requests_get in 46 forms): the gate admits a call that fits one of them
@@ -87,6 +89,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any
 
+from toolpolicy.config import ConfigError
 from toolpolicy.envs.base import cycled_draw
 from toolpolicy.envs.bfcl.single_data import CATEGORIES, Category, Entry, known_categories, load_v4, shown_name
 from toolpolicy.tools import ToolSet
@@ -188,56 +191,97 @@ def composable(entry: Entry) -> bool:
     return entry.kind == "ast" and len(entry.expected) == 1 and [m.role for m in entry.messages] == ["user"]
 
 
-def compose(first: Entry, second: Entry) -> Entry:
-    """One entry asking both questions, expecting both calls (the two offer the same functions)."""
-    same = next(iter(first.expected[0])) == next(iter(second.expected[0]))
+def called(entry: Entry) -> str:
+    """The function a composable entry's one expected call names."""
+    return next(iter(entry.expected[0]))
+
+
+def compose(*entries: Entry) -> Entry:
+    """One entry asking every question of `entries` (one per line), expecting all their calls
+    (they offer the same functions)."""
+    first = entries[0]
+    same = len({called(e) for e in entries}) == 1
     return Entry(
-        id=f"composed_{first.id}+{second.id}",
+        id="composed_" + "+".join(e.id for e in entries),
         category=COMPOSED_CATEGORIES[0] if same else COMPOSED_CATEGORIES[1],
-        messages=[Message("user", f"{first.messages[0].content}\n{second.messages[0].content}")],
+        messages=[Message("user", "\n".join(e.messages[0].content for e in entries))],
         functions=first.functions,
-        expected=[*first.expected, *second.expected],
+        expected=[call for e in entries for call in e.expected],
         language=first.language,
         shown=first.shown,
     )
 
 
-def composed_entries(train: tuple[Entry, ...] | list[Entry], n: int, seed: int = 0) -> list[Entry]:
-    """`n` composed entries (`compose`) from pairs of `train` entries offering the same functions
-    with different questions, each entry in at most four pairs (`_spread`), half calling one
-    function twice, as far as the pairs of each kind go; the same `n` and `seed` give the same
-    entries."""
+def composed_entries(
+    train: tuple[Entry, ...] | list[Entry], n: int, seed: int = 0, calls: tuple[int, ...] = (2,)
+) -> list[Entry]:
+    """`n` composed entries (`compose`) of train entries offering the same functions with
+    different questions, shared out evenly over the numbers of calls in `calls` (the first
+    sizes take what does not divide). Of each size, half call one function every time
+    (`composed_parallel`), as far as such tuples go; each entry is in at most four tuples of
+    one size (`_spread`). The same `n`, `seed` and `calls` give the same entries."""
     if n <= 0:
         return []
     groups: dict[str, list[Entry]] = {}
     for entry in sorted((e for e in train if composable(e)), key=lambda e: e.id):
         groups.setdefault(json.dumps(entry.functions, sort_keys=True), []).append(entry)
-    pairs: dict[bool, list[tuple[Entry, Entry]]] = {True: [], False: []}
-    for group in groups.values():
-        for i, first in enumerate(group):
-            for second in group[i + 1:]:
-                if question_key(first) != question_key(second):
-                    pairs[next(iter(first.expected[0])) == next(iter(second.expected[0]))].append((first, second))
-    rng = random.Random(f"bfcl/composed/{seed}")
-    for kind in pairs.values():
+    shares = [n // len(calls) + (i < n % len(calls)) for i in range(len(calls))]
+    return [entry for size, share in zip(calls, shares) for entry in _composed_of_size(list(groups.values()), size, share, seed)]
+
+
+def _composed_of_size(groups: list[list[Entry]], size: int, n: int, seed: int) -> list[Entry]:
+    """`n` composed entries of `size` calls each from `groups` (entries offering the same
+    functions): every pair for two calls, shuffled chunks for more (`_tuples`)."""
+    if size < 2:
+        raise ConfigError(f"field 'env.composed_calls': {size} is not a number of calls to compose; use 2 or more")
+    rng = random.Random(f"bfcl/composed/{seed}" + (f"/{size}" if size > 2 else ""))
+    found: dict[bool, list[tuple[Entry, ...]]] = {True: [], False: []}
+    for group in groups:
+        for chosen in _tuples(group, size, rng):
+            if len({question_key(e) for e in chosen}) == size:
+                found[len({called(e) for e in chosen}) == 1].append(chosen)
+    for kind in found.values():
         rng.shuffle(kind)
     uses: Counter[str] = Counter()
-    spread = {kind: _spread(found, uses) for kind, found in pairs.items()}
+    spread = {kind: _spread(tuples, uses) for kind, tuples in found.items()}
     same = min(len(spread[True]), max(n // 2, n - len(spread[False])))
     chosen = spread[True][:same] + spread[False][: n - same]
     if len(chosen) < n:
-        raise ValueError(f"bfcl_composed: {n} asked, but the train split has {len(chosen)} composable pairs")
-    return [compose(*(pair if rng.random() < 0.5 else pair[::-1])) for pair in chosen]
+        raise ConfigError(
+            f"field 'env.composed': {n} entries of {size} calls asked, but the train split has {len(chosen)} "
+            "composable tuples of that size; ask for fewer, or spread them over more sizes (env.composed_calls)"
+        )
+    return [compose(*(tuple_ if rng.random() < 0.5 else tuple_[::-1])) for tuple_ in chosen]
 
 
-def _spread(pairs: list[tuple[Entry, Entry]], uses: Counter[str], most: int = 4) -> list[tuple[Entry, Entry]]:
-    """The pairs in order, each kept while both its entries are in fewer than `most` kept pairs
-    (a few large function groups would otherwise supply most of them)."""
-    kept = []
-    for first, second in pairs:
-        if uses[first.id] < most and uses[second.id] < most:
-            uses.update((first.id, second.id))
-            kept.append((first, second))
+def _tuples(group: list[Entry], size: int, rng: random.Random, rounds: int = 4) -> list[tuple[Entry, ...]]:
+    """Candidate tuples of `size` entries of one group: every pair for two; for more, the
+    entries shuffled `rounds` times and cut in chunks, and the same again within each
+    function's own entries (so tuples calling one function appear wherever a group has them)."""
+    if size == 2:
+        return [(first, second) for i, first in enumerate(group) for second in group[i + 1:]]
+    by_function: dict[str, list[Entry]] = {}
+    for entry in group:
+        by_function.setdefault(called(entry), []).append(entry)
+    out = []
+    for pool in (group, *by_function.values()):
+        for _ in range(rounds if len(pool) >= size else 0):
+            order = rng.sample(pool, len(pool))
+            out += [tuple(order[i:i + size]) for i in range(0, len(order) - size + 1, size)]
+    return out
+
+
+def _spread(tuples: list[tuple[Entry, ...]], uses: Counter[str], most: int = 4) -> list[tuple[Entry, ...]]:
+    """The tuples in order, each kept while all its entries are in fewer than `most` kept tuples
+    (a few large function groups would otherwise supply most of them); a tuple seen before
+    (the same entries in any order) is not kept again."""
+    kept, seen = [], set()
+    for tuple_ in tuples:
+        key = frozenset(e.id for e in tuple_)
+        if key not in seen and all(uses[e.id] < most for e in tuple_):
+            seen.add(key)
+            uses.update(e.id for e in tuple_)
+            kept.append(tuple_)
     return kept
 
 
@@ -337,12 +381,14 @@ class BfclEnv:
         "invalid_call_count": 0.0,
     }
 
-    def __init__(self, categories: tuple[Category, ...] = CATEGORIES, composed: int = 0) -> None:
+    def __init__(
+        self, categories: tuple[Category, ...] = CATEGORIES, composed: int = 0, composed_calls: tuple[int, ...] = (2,)
+    ) -> None:
         self.categories = known_categories(categories)
         split = v4_split()
         train = [e for e in split.train if e.category in self.categories]
         self.pools = {
-            "train": train + composed_entries(train, composed),
+            "train": train + composed_entries(train, composed, calls=tuple(composed_calls)),
             "eval": [e for e in split.held_out if e.category in self.categories],
         }
         self.dropped = {i: why for i, why in split.dropped.items() if live_category(i) in self.categories}
