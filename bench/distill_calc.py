@@ -13,11 +13,16 @@ its output exists, so a stopped run picks up where it was:
 3. grpo: RL from the student with demo.yaml's GRPO, a checkpoint every EVERY steps.
 4. distill: the same RL from the same student with `algorithm.teacher` (the teacher's
    per-token reverse-KL advantage alone), a checkpoint every EVERY steps.
-5. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
+5. distill_full: the same with `algorithm.teacher_loss: full` (the exact reverse KL over the
+   vocabulary at each sampled position, in the loss).
+6. the same three with four optimizer steps per rollout batch (`algorithm.mini_batches: 4`):
+   grpo_mb4, distill_mb4, distill_full_mb4.
+7. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
    model) of the teacher, the student and every checkpoint.
 
 The result file holds the curves, the steps each method took to come within 2 points of the
-teacher's accuracy (None: not within the steps run), and sampled tokens and wall time per run.
+teacher's accuracy (None: not within the steps run), each distillation's steps as a fraction
+of GRPO's with as many optimizer steps per batch, and sampled tokens and wall time per run.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ STUDENT_SFT = {"sft.cold_start": "", "sft.steps": 600}
 EVERY = 10
 EVAL_TASKS, EVAL_SAMPLES = 300, 2
 WITHIN = 0.02
+DISTILLATIONS = {
+    "distill": {"algorithm.teacher_alone": True},
+    "distill_full": {"algorithm.teacher_alone": True, "algorithm.teacher_loss": "full"},
+}
+MINI_BATCHES = 4
+"""The second arm of each method: this many optimizer steps per rollout batch (named NAME_mb4)."""
 
 
 def toolpolicy(command: str, run_dir: Path, settings: dict[str, Any], threads: int, *extra: str, config: Path = CONFIG) -> float:
@@ -84,6 +95,7 @@ def rl_run(
     rows = rl_rows(run_dir)
     return {
         "steps": len(rows),
+        "optimizer_steps": sum(r["optimizer_steps"] for r in rows),
         "wall_seconds": sum(r["time/step"] for r in rows),
         "tokens": {key: sum(r.get(key, 0) for r in rows) for key in sorted({k for r in rows for k in r if k.startswith("tokens/")})},
         "train_accuracy": [r["accuracy"] for r in rows],
@@ -118,10 +130,10 @@ def main() -> None:
         student = student_run / "sft" / "final"
     runs_dir = work / (student.resolve().name if args.student else "small-student")
 
-    runs = {
-        "grpo": rl_run(runs_dir, "grpo", student, args.steps, {}, threads),
-        "distill": rl_run(runs_dir, "distill", student, args.steps, {"algorithm.teacher": teacher, "algorithm.teacher_alone": True}, threads),
-    }
+    several = {"algorithm.mini_batches": MINI_BATCHES}
+    methods = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **settings} for name, settings in DISTILLATIONS.items()}}
+    methods |= {f"{name}_mb{MINI_BATCHES}": {**settings, **several} for name, settings in methods.items()}  # grpo_mb4, ...
+    runs = {name: rl_run(runs_dir, name, student, args.steps, settings, threads) for name, settings in methods.items()}
     teacher_accuracy = accuracy(work, "teacher", teacher, {}, threads)
     student_accuracy = accuracy(work, f"student-{runs_dir.name}", student, {}, threads)
     target = teacher_accuracy - WITHIN
@@ -132,15 +144,20 @@ def main() -> None:
         ]
         run["held_out"] = curve
         run["steps_to_within_2_points"] = first_within(curve, target)
-    grpo_steps, distill_steps = runs["grpo"]["steps_to_within_2_points"], runs["distill"]["steps_to_within_2_points"]
+    steps = {name: run["steps_to_within_2_points"] for name, run in runs.items()}
+    suffix = f"_mb{MINI_BATCHES}"
+    baseline = {name: "grpo" + suffix if name.endswith(suffix) else "grpo" for name in runs}  # as many optimizer steps per batch
     write_result(args.out, {
         "config": str(CONFIG.relative_to(ROOT)), "teacher_start": str(TEACHER_START.relative_to(ROOT)), "teacher_steps": TEACHER_STEPS,
         "student": str(args.student) if args.student else {"shape": STUDENT, "sft": STUDENT_SFT}, "eval": {"tasks": EVAL_TASKS, "samples": EVAL_SAMPLES},
         "teacher_accuracy": teacher_accuracy, "student_accuracy": student_accuracy, "target": target,
-        "steps_ratio": None if grpo_steps is None or distill_steps is None else distill_steps / grpo_steps,
+        "steps_ratio": {
+            name: None if steps[baseline[name]] is None or n is None else n / steps[baseline[name]]
+            for name, n in steps.items() if not name.startswith("grpo")
+        },
         "runs": runs,
     })
-    print(json.dumps({"teacher": teacher_accuracy, "student": student_accuracy, "grpo_steps": grpo_steps, "distill_steps": distill_steps}))
+    print(json.dumps({"teacher": teacher_accuracy, "student": student_accuracy, **steps}))
 
 
 if __name__ == "__main__":

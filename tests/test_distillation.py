@@ -14,10 +14,11 @@ from toolpolicy.build import load_config, load_policy_model
 from toolpolicy.cli import main
 from toolpolicy.config import ConfigError
 from toolpolicy.rollout import Trajectory
-from toolpolicy.trainer.batch import SHARED_PROMPTS
+from toolpolicy.algorithms.correction import Correction
+from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, collate
 from toolpolicy.trainer.credit import OutcomeCredit
-from toolpolicy.trainer.rl import algorithm_of
-from toolpolicy.trainer.teacher import DistilledCredit, Teacher, same_vocabulary
+from toolpolicy.trainer.rl import algorithm_of, policy_update
+from toolpolicy.trainer.teacher import Distill, DistilledCredit, FullTeacher, Teacher, same_vocabulary
 from toolpolicy.types import Episode, Task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +92,8 @@ def test_a_teacher_with_another_vocabulary_is_refused() -> None:
         load_config(SMOKE, ["algorithm.teacher_alone=true"])
 
 
-def test_rl_distils_from_a_teacher_and_the_student_as_its_own_teacher_is_zero(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loss", ["sampled", "full"])
+def test_rl_distils_from_a_teacher_and_the_student_as_its_own_teacher_is_zero(tmp_path: Path, loss: str) -> None:
     """A student that is its own teacher: every sampled token's teacher log-prob is its own
     (the hf backend's log-probs are the trainer's numbers, to float32 rounding), so the
     reverse KL is 0 and the distilled advantage is 0 on every token of the first step. Only
@@ -99,10 +101,78 @@ def test_rl_distils_from_a_teacher_and_the_student_as_its_own_teacher_is_zero(tm
     CPUs), AdamW turns those 1e-8 gradients into a step of full size and the second step's
     student is no longer the teacher."""
     args = ["train", str(SMOKE), "--set", f"rl.init_from={CALC_SFT}", "--set", f"algorithm.teacher={CALC_SFT}",
-            "--set", "algorithm.teacher_alone=true", "--set", "rl.steps=2", "--set", f"run.dir={tmp_path}"]
+            "--set", "algorithm.teacher_alone=true", "--set", f"algorithm.teacher_loss={loss}", "--set", "rl.steps=2",
+            "--set", f"run.dir={tmp_path}"]
     assert main(args) == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert abs(rows[0]["distill/reverse_kl"]) < 1e-5 and abs(rows[0]["loss"]) < 1e-5, rows[0]
     assert all(r["tokens/teacher"] > 0 for r in rows), rows
     assert all(r["kept_groups"] == r["signal_groups"] == load_config(SMOKE).rl.prompts_per_step for r in rows)
+
+
+def _trajectories(vocab: int, rows: int, generator: torch.Generator) -> list[Trajectory]:
+    prompt = torch.randint(5, vocab, (6,), generator=generator).tolist()
+    trajectories = []
+    for row in range(rows):
+        response = torch.randint(5, vocab, (5 + row,), generator=generator).tolist()
+        trajectories.append(_trajectory(prompt + response, len(prompt), (-torch.rand(5 + row, generator=generator) * 3).tolist()))
+    return trajectories
+
+
+def _vocabulary_kl_by_hand(student: torch.nn.Module, teacher: torch.nn.Module, trajectory: Trajectory, temperature: float) -> torch.Tensor:
+    """KL(student || teacher) over the whole vocabulary at each sampled position, from both
+    models' plain logits at the temperature, in float64, with the student's gradient.   [n]"""
+    ids = torch.tensor([trajectory.token_ids])
+    sampled = torch.tensor(trajectory.loss_mask[1:]).bool()  # position t predicts token t+1
+    s = torch.log_softmax(student(input_ids=ids).logits[0, :-1][sampled].double() / temperature, -1)
+    with torch.no_grad():
+        t = torch.log_softmax(teacher(input_ids=ids).logits[0, :-1][sampled].double() / temperature, -1)
+    return (s.exp() * (s - t)).sum(-1)
+
+
+def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand() -> None:
+    """algorithm.teacher_loss full with no task advantage: the loss is coef x the mean over
+    sampled tokens of the reverse KL over the vocabulary, and its gradient is that of the
+    same sum taken from both models' plain logits; a student that is its own teacher gets 0."""
+    config = load_config(SMOKE)
+    teacher = load_policy_model(config.model, CALC_SFT).model.eval()
+    student = load_policy_model(config.model, CALC_SFT).model
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in student.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    trajectories = _trajectories(teacher.config.vocab_size, 4, generator)
+    batch = collate(trajectories, 0)
+    algorithm = algorithm_of(load_config(SMOKE, ["algorithm.preset=grpo"]).algorithm)[0]
+    temperature, coef = 0.7, 0.5
+
+    def update(distilled_from: torch.nn.Module) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        student.zero_grad(set_to_none=True)
+        distill = Distill(FullTeacher(distilled_from).logprobs_and_kl, coef)
+        sums, _ = policy_update(
+            student, None, batch, torch.zeros(len(trajectories)), algorithm, Correction.named("none", 2.0), FULL_SEQUENCES,
+            temperature, micro_batch_size=3, distill=distill,  # two micro-batches: their shares add up
+        )
+        return sums, {name: p.grad.clone() for name, p in student.named_parameters() if p.grad is not None}
+
+    sums, grads = update(teacher)
+    student.zero_grad(set_to_none=True)
+    kl = torch.cat([_vocabulary_kl_by_hand(student, teacher, t, temperature) for t in trajectories])
+    by_hand = coef * kl.sum() / len(kl)
+    by_hand.backward()
+    assert sums["trained_tokens"] == len(kl) and float(kl.detach().min()) > 1e-3
+    assert sums["distill/kl"] == pytest.approx(float(kl.sum()), rel=1e-4)
+    assert sums["loss"] == pytest.approx(float(by_hand), rel=1e-4)  # the policy term is 0 with no advantage
+    assert sums["tokens/teacher"] == float(batch.attention.sum())
+    assert set(grads) == {name for name, p in student.named_parameters() if p.grad is not None}
+    for name, p in student.named_parameters():
+        assert torch.allclose(grads[name], p.grad.float(), atol=1e-6, rtol=1e-3), name
+
+    sums, grads = update(student)  # its own teacher
+    assert abs(sums["distill/kl"]) < 1e-4 and all(float(g.abs().max()) < 1e-5 for g in grads.values())
+
+
+def test_the_full_teacher_loss_needs_a_teacher() -> None:
+    with pytest.raises(ConfigError, match="algorithm.teacher_loss full needs algorithm.teacher"):
+        load_config(SMOKE, ["algorithm.teacher_loss=full"])

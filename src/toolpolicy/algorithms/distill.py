@@ -11,12 +11,25 @@ samples (GKD with lambda = 1 and the reverse divergence, Agarwal et al. 2024,
 arXiv 2306.13649; "on-policy distillation", Lu and Thinking Machines 2025). It can stand
 alone or be added to a task advantage. Both sets of log-probs are at the sampling
 temperature.
+
+The full-distribution form (`algorithm.teacher_loss: full`) adds to the loss, at each sampled
+position, the exact reverse KL over the whole vocabulary,
+
+    KL_t = sum_v p_student(v | x_<t) (log p_student(v | x_<t) - log p_teacher(v | x_<t)),
+
+whose gradient carries the teacher's opinion of every token the student might have written
+there, not only of the one it wrote: GKD's on-policy objective with the reverse divergence,
+with no sampling noise at the position itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+
+from toolpolicy.algorithms.losses import at_temperature
 
 
 def distillation_advantages(student_logprobs: Tensor, teacher_logprobs: Tensor, loss_mask: Tensor, coef: float) -> Tensor:
@@ -40,3 +53,44 @@ def reverse_kl_per_token(student_logprobs: Tensor, teacher_logprobs: Tensor, los
     0.25
     """
     return float(((student_logprobs - teacher_logprobs) * loss_mask).sum() / loss_mask.sum().clamp(min=1))
+
+
+def reverse_kl_from_logits(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """KL(student || teacher) over the vocabulary at each position, in float32.   [N, V], [N, V] -> [N]
+
+    A token the student cannot write (logit -inf, p = 0) adds 0, whatever the teacher says.
+
+    >>> import math, torch
+    >>> student = torch.tensor([[0.0, 0.0], [0.0, float("-inf")]])
+    >>> teacher = torch.tensor([[0.0, math.log(3.0)], [0.0, 5.0]])
+    >>> [round(v, 4) for v in reverse_kl_from_logits(student, teacher).tolist()]  # 0.5 log 2 + 0.5 log(2/3); log(1 + e^5)
+    [0.1438, 5.0067]
+    """
+    student = torch.log_softmax(student_logits.float(), dim=-1)  # [N, V]
+    teacher = torch.log_softmax(teacher_logits.float(), dim=-1)  # [N, V]
+    return torch.where(student.isneginf(), 0.0, student.exp() * (student - teacher)).sum(dim=-1)  # [N]
+
+
+Head = Callable[[Tensor], Tensor]
+
+
+def chunked_reverse_kl(
+    states: Tensor, head: Head, teacher_states: Tensor, teacher_head: Head, chunk: int, temperature: float = 1.0
+) -> Tensor:
+    """`reverse_kl_from_logits` of head(states) and teacher_head(teacher_states) at the sampling
+    temperature, `chunk` positions at a time (as `chunked_token_logprobs`: no more than `chunk`
+    rows of [V] logits at once, each chunk recomputed in the backward pass). The gradient
+    reaches the student's `states` and `head` alone.   [N, H], [N, H'] -> [N]
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    def piece(h: Tensor, th: Tensor) -> Tensor:
+        with torch.no_grad():
+            teacher = at_temperature(teacher_head(th).float(), temperature)  # [c, V]
+        return reverse_kl_from_logits(at_temperature(head(h).float(), temperature), teacher)  # [c]
+
+    values = []
+    for start in range(0, states.shape[0], chunk):
+        h, th = states[start : start + chunk], teacher_states[start : start + chunk]
+        values.append(checkpoint(piece, h, th, use_reentrant=False) if torch.is_grad_enabled() and h.requires_grad else piece(h, th))
+    return torch.cat(values) if values else states.new_zeros(0, dtype=torch.float32)

@@ -298,6 +298,11 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     return target_logits - torch.logsumexp(logits, dim=-1)  # [B, T]
 
 
+def at_temperature(logits: Tensor, temperature: float) -> Tensor:
+    """Logits divided by the sampling temperature; temperature <= 0 (greedy) leaves them as at 1."""
+    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+
+
 def chunked_token_logprobs(
     hidden: Tensor, head: Callable[[Tensor], Tensor], targets: Tensor, chunk: int, temperature: float = 1.0,
     with_entropy: bool = False,
@@ -314,9 +319,7 @@ def chunked_token_logprobs(
     from torch.utils.checkpoint import checkpoint
 
     def piece(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        logits = head(h).float()  # [c, V]
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / temperature
+        logits = at_temperature(head(h).float(), temperature)  # [c, V]
         entropy = entropy_from_logits(logits.detach()) if with_entropy else logits.new_zeros(0)  # [c] or []
         return token_logprobs(logits, t), entropy  # [c], [c]
 

@@ -210,24 +210,34 @@ def forward_logprobs(
     logits at the trained positions from their own forward instead."""
     batch = batch.to(next(model.parameters()).device)  # no copy when the caller moved it already
     trained = batch.loss_mask.bool()  # [B, L-1]
+    states, head = trained_states(model, batch)
+    values = chunked_token_logprobs(states, head, batch.targets[trained], logit_chunk(model), temperature, with_entropy)
+    return _placed(values, trained)
+
+
+def trained_states(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The decoder's final hidden states at the trained positions of `batch` (loss_mask 1,
+    row-major), [N, H], and the head that turns them into logits; for a model with a logit
+    transform after its head (LOGIT_TRANSFORMS), its own logits there, [N, V], and the identity."""
+    trained = batch.loss_mask.bool()  # [B, L-1]
     parts = decoder_and_head(model)
     if parts is None:
         keep = torch.nn.functional.pad(trained, (0, 1))  # [B, L]: the logits at t predict token t+1
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention, logits_to_keep=keep, **batch.pixel_values()).logits  # [N, V]
-        logits = without_ids(logits, unsampled_ids(model))
-        states, head = logits, torch.nn.Identity()
-    else:
-        decoder, head = parts
-        states = decoder(input_ids=batch.input_ids, attention_mask=batch.attention, **batch.pixel_values()).last_hidden_state[:, :-1][trained]  # [N, H]
-    values = chunked_token_logprobs(states, head, batch.targets[trained], logit_chunk(model), temperature, with_entropy)
-    return _placed(values, trained)
+        return without_ids(logits, unsampled_ids(model)), torch.nn.Identity()
+    decoder, head = parts
+    return decoder(input_ids=batch.input_ids, attention_mask=batch.attention, **batch.pixel_values()).last_hidden_state[:, :-1][trained], head  # [N, H]
 
 
 def _placed(values: tuple[torch.Tensor, torch.Tensor | None], trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-position values [N] (and [N]) of the trained positions, put back in their [B, L-1] layout (0 elsewhere)."""
     logprobs, entropy = values
-    full = torch.zeros(trained.shape, device=trained.device).masked_scatter(trained, logprobs)  # [B, L-1]
-    return full, None if entropy is None else torch.zeros(trained.shape, device=trained.device).masked_scatter(trained, entropy)
+    return placed(logprobs, trained), None if entropy is None else placed(entropy, trained)
+
+
+def placed(values: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+    """Values [N] of the trained positions (row-major), put in their [B, L-1] layout, 0 elsewhere."""
+    return torch.zeros(trained.shape, device=trained.device).masked_scatter(trained, values)  # [B, L-1]
 
 
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:

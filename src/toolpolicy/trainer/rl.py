@@ -88,7 +88,7 @@ from toolpolicy.trainer.distributed import Replicated, Sharded, World, clip_grad
 from toolpolicy.trainer.branching import PICKERS, Picker, choose
 from toolpolicy.trainer.replay import SuccessReplay
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine, save_start, saved_start
-from toolpolicy.trainer.teacher import DistilledCredit, Teacher, same_vocabulary
+from toolpolicy.trainer.teacher import Distill, DistilledCredit, FullTeacher, Teacher, same_vocabulary
 from toolpolicy.trainer.trackers import open_trackers
 from toolpolicy.types import Task
 
@@ -282,7 +282,7 @@ def branch_groups(
 
 UPDATE_SUMS = (
     "loss", "entropy", "clip_frac", "ratio", "kl", "mismatch/abs", "mismatch/kl", "mismatch/truncated", "mismatch/tokens",
-    "tokens/update", "tokens/reference", "trained_tokens",
+    "tokens/update", "tokens/reference", "trained_tokens", "distill/kl", "tokens/teacher",
 )
 UPDATE_MAXIMA = ("ratio_max", "mismatch/abs_max")
 
@@ -318,6 +318,7 @@ def policy_update(
     measure_mismatch: bool = True,
     lockstep: Lockstep = own_count,
     pad_id: int = 0,
+    distill: Distill | None = None,
 ) -> Update:
     """Accumulate the objective's gradient over micro-batches. Returns detached sums (UPDATE_SUMS,
     each token sum not yet divided) and maxima (UPDATE_MAXIMA), which `update_metrics` finishes,
@@ -334,7 +335,10 @@ def policy_update(
     sampled, when earlier optimizer steps on this batch have moved the model since (TIS
     takes pi_old from them); None: the ones computed here are those.
     lockstep: the forward and backward passes to run in all, from the number of micro-batches:
-    under sharding as many as the rank with the most, the extra ones `padding_passes` of `pad_id`."""
+    under sharding as many as the rank with the most, the extra ones `padding_passes` of `pad_id`.
+    distill: the policy's forward also gives the reverse KL to a teacher at each trained
+    position, and the loss gains distill.coef x its sum over the step's trained tokens
+    (algorithm.teacher_loss full; the sums gain `distill/kl` and `tokens/teacher`)."""
     sums = dict.fromkeys(UPDATE_SUMS + UPDATE_MAXIMA, 0.0)
     recomputed: list[Tensor] = []
     pieces = micro_batches(batch, micro_batch_size, micro_batch_tokens) if batch is not None else []
@@ -345,7 +349,10 @@ def policy_update(
     total_tokens, total_sequences = totals or Totals(float(batch.loss_mask.sum()), float(batch.input_ids.shape[0]))
     for rows, piece in pieces:
         piece = piece.to(device)
-        logprobs, entropy = recompute.logprobs(model, piece, temperature, with_entropy=True)  # [b, l]
+        if distill is None:
+            logprobs, entropy = recompute.logprobs(model, piece, temperature, with_entropy=True)  # [b, l]
+        else:
+            logprobs, entropy, teacher_kl = distill.logprobs(model, piece, temperature, with_entropy=True)  # [b, l] each
         piece_advantages = advantages[rows] if advantages.dim() == 1 else advantages[rows, : logprobs.shape[1]]
         piece_advantages = piece_advantages.to(device)
         ref_logprobs = None
@@ -357,6 +364,11 @@ def policy_update(
         loss, stats = algorithm.objective(
             logprobs, old_logprobs, piece_advantages, piece.loss_mask, ref_logprobs, total_tokens, total_sequences, weights
         )
+        if distill is not None:
+            kl_sum = (teacher_kl * piece.loss_mask).sum()
+            loss = loss + distill.coef * kl_sum / total_tokens
+            sums["distill/kl"] += float(kl_sum.detach())
+            sums["tokens/teacher"] += float(piece.attention.sum())  # its forward runs on every position
         loss.backward()
         recomputed += [row[mask.bool()].float().cpu() for row, mask in zip(logprobs.detach(), piece.loss_mask)]
         weight = float(piece.loss_mask.sum())
@@ -491,6 +503,8 @@ class Learner:
     """How the ranks hold `model` (and a sharded `reference`); its `recompute` runs through it."""
     vision: VisionInput | None = None
     """How the model reads the episodes' pictures (a vision-language policy's)."""
+    distill: Distill | None = None
+    """algorithm.teacher_loss full: the teacher's reverse KL, in every micro-batch's loss."""
 
 
 class BatchUpdate(NamedTuple):
@@ -531,7 +545,7 @@ def train_on_batch(learner: Learner, trajectories: list[Trajectory], order: list
             advantages[mine], learner.algorithm, learner.correction, learner.recompute, s.temperature, s.micro_batch_size,
             totals, s.micro_batch_tokens, None if before is None or not mine else rows_of(before, mine),
             measure_mismatch=before is None and number == 0,  # the weights that sampled, still
-            lockstep=learner.sharing.lockstep(world), pad_id=learner.pad_id,
+            lockstep=learner.sharing.lockstep(world), pad_id=learner.pad_id, distill=learner.distill,
         )
         sums = add_sums(sums, part)
         if number < per_pass:  # the first pass sees every episode once
@@ -543,15 +557,19 @@ def train_on_batch(learner: Learner, trajectories: list[Trajectory], order: list
     return BatchUpdate(sums, recomputed, grad_norms)
 
 
-def update_metrics(sums: dict[str, float], optimizer_steps: int, with_reference: bool) -> dict[str, float]:
+def update_metrics(sums: dict[str, float], optimizer_steps: int, with_reference: bool, with_full_kl: bool = False) -> dict[str, float]:
     """The step's update metrics from `policy_update`'s sums over its `optimizer_steps`: the
     loss per optimizer step, token counts as they are, maxima, and per-token means over
-    every token trained (kl only when a reference model ran) or, for the sampler/trainer
-    mismatch, over the tokens it was measured on."""
+    every token trained (kl only when a reference model ran; with a teacher in the loss its
+    exact reverse KL as distill/reverse_kl) or, for the sampler/trainer mismatch, over the
+    tokens it was measured on."""
     out = {key: sums[key] for key in ("tokens/update", "tokens/reference") + UPDATE_MAXIMA}
     out["loss"] = sums["loss"] / max(optimizer_steps, 1)
     for key in ("entropy", "clip_frac", "ratio") + (("kl",) if with_reference else ()):
         out[key] = sums[key] / max(sums["trained_tokens"], 1.0)
+    if with_full_kl:
+        out["distill/reverse_kl"] = sums["distill/kl"] / max(sums["trained_tokens"], 1.0)
+        out["tokens/teacher"] = sums["tokens/teacher"]
     for key in ("mismatch/abs", "mismatch/kl", "mismatch/truncated"):
         out[key] = sums[key] / max(sums["mismatch/tokens"], 1.0)
     return out
@@ -635,14 +653,18 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         reference = model if cfg.model.lora_rank else load_policy_model(cfg.model, rl.init_from).model.eval()
         if reference is not model:
             sharing.place_frozen(reference, world)
-    teacher = None
-    if cfg.algorithm.teacher:  # on-policy distillation: the teacher scores every sampled token
+    teacher, distill = None, None
+    if cfg.algorithm.teacher:  # on-policy distillation: the teacher scores every sampled token, or its whole distribution joins the loss
         teacher_policy = load_policy_model(cfg.model, cfg.algorithm.teacher)
         same_vocabulary(policy, teacher_policy, cfg.algorithm.teacher)
-        teacher = Teacher(
-            teacher_policy.model.eval(), recompute, policy.pad_id, rl.temperature, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens,
-            teacher_policy.vision,
-        )
+        teacher_model = teacher_policy.model.eval().requires_grad_(False)
+        if cfg.algorithm.teacher_loss == "full":
+            distill = Distill(sharing.logprobs(FullTeacher(teacher_model).logprobs_and_kl), cfg.algorithm.teacher_coef)
+        else:
+            teacher = Teacher(
+                teacher_model, recompute, policy.pad_id, rl.temperature, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens,
+                teacher_policy.vision,
+            )
         credit = DistilledCredit(credit, teacher, cfg.algorithm.teacher_coef, cfg.algorithm.teacher_alone)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=rl.lr, betas=(0.9, 0.99), weight_decay=cfg.optim.weight_decay)
@@ -651,7 +673,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     learner = Learner(
         model, reference, trainable, optimizer, scheduler, algorithm, correction,
         replace(recompute, logprobs=sharing.logprobs(recompute.logprobs)), world, policy.pad_id, UpdateSettings.of(cfg), sharing,
-        policy.vision,
+        policy.vision, distill,
     )
     generator = torch.Generator().manual_seed(cfg.run.seed)
     restored = (
@@ -730,7 +752,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 grad_norms, recomputed = done.grad_norms, done.recomputed
                 if rl.store_rollouts:
                     recomputed = dict(world.gather(list(recomputed.items())))
-                update = update_metrics(world.reduce_stats(done.sums, UPDATE_MAXIMA), len(grad_norms), reference is not None)
+                update = update_metrics(world.reduce_stats(done.sums, UPDATE_MAXIMA), len(grad_norms), reference is not None, distill is not None)
                 updates += 1
                 sharing.refresh(model, whole)
                 pool.sync(whole)  # a sampler with its own copy of the weights gets the new ones

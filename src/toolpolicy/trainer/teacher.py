@@ -4,22 +4,28 @@
 train; `DistilledCredit` adds its per-token signal (toolpolicy.algorithms.distill) to the
 credit the config chose, or uses it alone (`algorithm.teacher_alone`). Every group carries
 the teacher's signal, so dynamic sampling keeps them all.
+
+With `algorithm.teacher_loss: full` the teacher speaks in the loss instead: `FullTeacher`
+runs beside the policy's own forward in the update and gives the exact reverse KL over the
+vocabulary at every trained position, which `Distill` weighs into each micro-batch's loss.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from toolpolicy.algorithms import expand_group_mask
-from toolpolicy.algorithms.distill import distillation_advantages, reverse_kl_per_token
+from toolpolicy.algorithms import chunked_token_logprobs, expand_group_mask
+from toolpolicy.algorithms.distill import chunked_reverse_kl, distillation_advantages, reverse_kl_per_token
 from toolpolicy.config import ConfigError
 from toolpolicy.model import PolicyModel
 from toolpolicy.model.vision import VisionInput
 from toolpolicy.rollout import Trajectory
-from toolpolicy.trainer.batch import Recompute, TokenBatch, collate, micro_batches
+from toolpolicy.trainer.batch import Recompute, TokenBatch, collate, logit_chunk, micro_batches, placed, trained_states
 from toolpolicy.trainer.credit import Credit
 
 
@@ -66,11 +72,46 @@ class Teacher:
 
 
 @dataclass(frozen=True)
+class FullTeacher:
+    """A frozen model with the policy's vocabulary whose whole next-token distribution the
+    policy is pulled toward at each position it trains (algorithm.teacher_loss: full)."""
+
+    model: torch.nn.Module
+
+    def logprobs_and_kl(
+        self, student: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """`forward_logprobs` of `student` (log-probs of the sampled tokens, the entropy), and the
+        reverse KL(student || teacher) over the vocabulary at each trained position, with its
+        gradient: one forward of each model, [B, L-1] each, 0 where nothing trains."""
+        batch = batch.to(next(student.parameters()).device)
+        trained = batch.loss_mask.bool()  # [B, L-1]
+        states, head = trained_states(student, batch)  # [N, H]
+        chunk = logit_chunk(student)
+        logprobs, entropy = chunked_token_logprobs(states, head, batch.targets[trained], chunk, temperature, with_entropy)  # [N]
+        with torch.no_grad():
+            teacher_states, teacher_head = trained_states(self.model, batch)  # [N, H']
+        kl = chunked_reverse_kl(states, head, teacher_states, teacher_head, chunk, temperature)  # [N]
+        return placed(logprobs, trained), None if entropy is None else placed(entropy, trained), placed(kl, trained)
+
+
+class Distill(NamedTuple):
+    """What `policy_update` adds to each micro-batch's loss under algorithm.teacher_loss full:
+    coef x the reverse KL to the teacher summed over the trained positions, over the step's
+    trained tokens (the token mean, as the policy loss's)."""
+
+    logprobs: Callable[..., tuple[Tensor, Tensor | None, Tensor]]
+    """FullTeacher.logprobs_and_kl, run as the trainer runs the policy's forward (through its shards)."""
+    coef: float
+
+
+@dataclass(frozen=True)
 class DistilledCredit:
     """The config's credit plus the teacher's per-token advantage (or that alone)."""
 
     base: Credit
-    teacher: Teacher
+    teacher: Teacher | None
+    """None: the teacher's full distribution is in the loss (`Distill`), not in the advantages."""
     coef: float
     alone: bool
 
@@ -86,7 +127,7 @@ class DistilledCredit:
             task = self.base.advantages(trajectories, rewards, weights, group_size, groups)  # [B] or [B, L-1]
             out += task[:, None] if task.dim() == 1 else task
         rows = torch.nonzero(expand_group_mask(groups, group_size)).flatten().tolist()
-        if rows:
+        if rows and self.teacher is not None:
             scored = [trajectories[i] for i in rows]
             batch = collate(scored, self.teacher.pad_id, self.teacher.vision)
             teacher = self.teacher.logprobs(batch)  # [R, l]
