@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from toolpolicy.algorithms.losses import at_temperature
+from toolpolicy.algorithms.losses import at_temperature, checkpointed_chunks
 
 
 def distillation_advantages(student_logprobs: Tensor, teacher_logprobs: Tensor, loss_mask: Tensor, coef: float) -> Tensor:
@@ -82,15 +82,11 @@ def chunked_reverse_kl(
     rows of [V] logits at once, each chunk recomputed in the backward pass). The gradient
     reaches the student's `states` and `head` alone.   [N, H], [N, H'] -> [N]
     """
-    from torch.utils.checkpoint import checkpoint
 
     def piece(h: Tensor, th: Tensor) -> Tensor:
         with torch.no_grad():
             teacher = at_temperature(teacher_head(th).float(), temperature)  # [c, V]
         return reverse_kl_from_logits(at_temperature(head(h).float(), temperature), teacher)  # [c]
 
-    values = []
-    for start in range(0, states.shape[0], chunk):
-        h, th = states[start : start + chunk], teacher_states[start : start + chunk]
-        values.append(checkpoint(piece, h, th, use_reentrant=False) if torch.is_grad_enabled() and h.requires_grad else piece(h, th))
+    values = checkpointed_chunks(piece, chunk, states, teacher_states)
     return torch.cat(values) if values else states.new_zeros(0, dtype=torch.float32)

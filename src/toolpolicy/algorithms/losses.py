@@ -9,7 +9,7 @@ GSPO), AGGREGATIONS, KL_ESTIMATORS.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -316,19 +316,26 @@ def chunked_token_logprobs(
     instead of keeping its logits: the same gradients, one more pass of `head` per position.
     temperature <= 0 means greedy sampling, whose log-probs are reported at temperature 1.
     """
-    from torch.utils.checkpoint import checkpoint
 
     def piece(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
         logits = at_temperature(head(h).float(), temperature)  # [c, V]
         entropy = entropy_from_logits(logits.detach()) if with_entropy else logits.new_zeros(0)  # [c] or []
         return token_logprobs(logits, t), entropy  # [c], [c]
 
-    logprobs, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk):
-        h, t = hidden[start : start + chunk], targets[start : start + chunk]
-        lp, ent = checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled() and h.requires_grad else piece(h, t)
-        logprobs.append(lp)
-        entropies.append(ent)
-    if not logprobs:  # no position at all
+    pieces = checkpointed_chunks(piece, chunk, hidden, targets)
+    if not pieces:  # no position at all
         return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32) if with_entropy else None
-    return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None
+    return torch.cat([lp for lp, _ in pieces]), torch.cat([ent for _, ent in pieces]) if with_entropy else None
+
+
+def checkpointed_chunks(piece: Callable[..., Any], chunk: int, *inputs: Tensor) -> list[Any]:
+    """piece(*rows) on `chunk` rows of every input at a time, in order: the list of its outputs.
+    When the first input needs a gradient, each chunk is recomputed in the backward pass
+    (activation checkpointing) instead of keeping what `piece` made inside it."""
+    from torch.utils.checkpoint import checkpoint
+
+    out = []
+    for start in range(0, inputs[0].shape[0], chunk):
+        rows = [x[start : start + chunk] for x in inputs]
+        out.append(checkpoint(piece, *rows, use_reentrant=False) if torch.is_grad_enabled() and rows[0].requires_grad else piece(*rows))
+    return out

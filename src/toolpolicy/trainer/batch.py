@@ -212,7 +212,7 @@ def forward_logprobs(
     trained = batch.loss_mask.bool()  # [B, L-1]
     states, head = trained_states(model, batch)
     values = chunked_token_logprobs(states, head, batch.targets[trained], logit_chunk(model), temperature, with_entropy)
-    return _placed(values, trained)
+    return placed_logprobs(values, trained)
 
 
 def trained_states(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
@@ -229,7 +229,7 @@ def trained_states(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Ten
     return decoder(input_ids=batch.input_ids, attention_mask=batch.attention, **batch.pixel_values()).last_hidden_state[:, :-1][trained], head  # [N, H]
 
 
-def _placed(values: tuple[torch.Tensor, torch.Tensor | None], trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def placed_logprobs(values: tuple[torch.Tensor, torch.Tensor | None], trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-position values [N] (and [N]) of the trained positions, put back in their [B, L-1] layout (0 elsewhere)."""
     logprobs, entropy = values
     return placed(logprobs, trained), None if entropy is None else placed(entropy, trained)

@@ -25,7 +25,7 @@ from toolpolicy.config import ConfigError
 from toolpolicy.model import PolicyModel
 from toolpolicy.model.vision import VisionInput
 from toolpolicy.rollout import Trajectory
-from toolpolicy.trainer.batch import Recompute, TokenBatch, collate, logit_chunk, micro_batches, placed, trained_states
+from toolpolicy.trainer.batch import Recompute, TokenBatch, collate, logit_chunk, micro_batches, placed, placed_logprobs, trained_states
 from toolpolicy.trainer.credit import Credit
 
 
@@ -92,7 +92,7 @@ class FullTeacher:
         with torch.no_grad():
             teacher_states, teacher_head = trained_states(self.model, batch)  # [N, H']
         kl = chunked_reverse_kl(states, head, teacher_states, teacher_head, chunk, temperature)  # [N]
-        return placed(logprobs, trained), None if entropy is None else placed(entropy, trained), placed(kl, trained)
+        return *placed_logprobs((logprobs, entropy), trained), placed(kl, trained)
 
 
 class Distill(NamedTuple):
