@@ -636,7 +636,10 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     algorithm, credit, filters = algorithm_of(cfg.algorithm)
     check_processes(cfg, World.requested())
     correction = correction_of(cfg.algorithm, CAPABILITIES[cfg.backend.name])
-    recompute = FULL_SEQUENCES if cfg.model.gradient_checkpointing else SHARED_PROMPTS  # no KV cache to share then
+    # Each distinct prompt once, unless gradient checkpointing (no KV cache to share then) or a
+    # teacher in the loss (its KL comes with a forward over whole sequences) says otherwise.
+    full = cfg.model.gradient_checkpointing or (bool(cfg.algorithm.teacher) and cfg.algorithm.teacher_loss == "full")
+    recompute = FULL_SEQUENCES if full else SHARED_PROMPTS
     sampling = Sampling(
         rl.prompts_per_step, rl.group_size, cfg.algorithm.dynamic_sampling, cfg.algorithm.max_refill_rounds, cfg.run.seed,
         episode_streams=rl.sampling_streams == "episode",
