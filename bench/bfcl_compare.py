@@ -7,7 +7,9 @@ Each NAME=FILE is the per-entry results file `toolpolicy eval CONFIG --bfcl v4` 
 output holds, per run, the accuracy of each category and BFCL's summaries (`bfcl_scores`:
 the official checker's verdict, through the matcher that agrees with it on every case
 tried), and for each run after the first the paired bootstrap 95% interval of its
-accuracy minus the previous run's, over the entries both scored.
+accuracy minus the previous run's (with `--baseline NAME`: minus that run's), over the
+entries both scored and (as "calls") over those of them that expect calls (every category
+but irrelevance).
 """
 
 from __future__ import annotations
@@ -31,23 +33,38 @@ def scores(rows: list[dict]) -> dict:
     return {"n": summary["n"], "accuracy": summary["accuracy"], "by_category": by_category, "bfcl": bfcl_scores(summary["by_category"])}
 
 
+REFRAIN = {"irrelevance", "live_irrelevance"}
+"""Categories whose entries expect no call."""
+
+
+def difference(runs: dict[str, dict[str, dict]], before: str, after: str, ids: list[str]) -> dict:
+    """Paired bootstrap of run `after`'s verdicts minus run `before`'s over the entries `ids`."""
+    a, b = ([float(runs[name][i]["ok"]) for i in ids] for name in (before, after))
+    return paired_bootstrap(a, b)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="NAME=FILE")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--baseline", help="compare every other run with this one (default: each with the one before)")
     args = parser.parse_args(argv)
     runs = {name: {row["id"]: row for _, row in read_objects(Path(file), ValueError)} for name, file in (r.split("=", 1) for r in args.runs)}
     result: dict = {"runs": {name: scores(list(rows.values())) for name, rows in runs.items()}, "differences": {}}
     names = list(runs)
-    for before, after in zip(names, names[1:]):
+    if args.baseline is not None and args.baseline not in runs:
+        parser.error(f"--baseline {args.baseline}: no run of that name (runs: {', '.join(names)})")
+    pairs = [(args.baseline, n) for n in names if n != args.baseline] if args.baseline else list(zip(names, names[1:]))
+    for before, after in pairs:
         shared = sorted(set(runs[before]) & set(runs[after]))
-        a, b = ([float(runs[n][i]["ok"]) for i in shared] for n in (before, after))
-        result["differences"][f"{after} - {before}"] = paired_bootstrap(a, b)
+        calls = [i for i in shared if runs[after][i]["category"] not in REFRAIN]
+        result["differences"][f"{after} - {before}"] = {**difference(runs, before, after, shared), "calls": difference(runs, before, after, calls)}
     write_result(args.out, result)
     for name, run in result["runs"].items():
         print(f"{name:<8} all {run['accuracy'] * 100:5.1f}%  " + "  ".join(f"{c} {r['accuracy'] * 100:.0f}%" for c, r in run["by_category"].items()))
     for pair, d in result["differences"].items():
-        print(f"{pair}: {d['mean'] * 100:+.1f} points, 95% interval [{d['low'] * 100:+.1f}, {d['high'] * 100:+.1f}] over {d['n']} entries")
+        for what, e in (("entries", d), ("entries expecting calls", d["calls"])):
+            print(f"{pair}: {e['mean'] * 100:+.1f} points, 95% interval [{e['low'] * 100:+.1f}, {e['high'] * 100:+.1f}] over {e['n']} {what}")
     return 0
 
 

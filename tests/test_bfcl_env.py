@@ -255,6 +255,44 @@ def test_composed_entries_of_three_and_four_calls_ask_distinct_questions_of_one_
         composed_entries(env.pools["train"], 4, calls=(1,))
 
 
+def test_unanswerable_entries_offer_a_kept_question_unrelated_functions_and_pass_only_without_a_call(env, gate):
+    from toolpolicy.envs.bfcl.single_turn import UNANSWERABLE_CATEGORY, composable, name_words, unanswerable_entries, unrelated
+
+    made = make_env("bfcl", composed=10, unanswerable=60)
+    extra = made.pools["train"][len(env.pools["train"]) + 10:]
+    assert len(extra) == 60 and made.pools["eval"] == env.pools["eval"]
+    kept = {e.id: e for e in env.pools["train"]}
+    questions = set()
+    for entry in extra:
+        asked, offered = (kept[i] for i in entry.id.removeprefix("unanswerable_").split("+"))
+        assert composable(asked) and composable(offered) and entry.category == UNANSWERABLE_CATEGORY
+        assert entry.messages == asked.messages and entry.functions == offered.functions and entry.expected == []
+        assert entry.shown == offered.shown and not name_words(asked) & name_words(offered)
+        questions.add(asked.id)
+    assert len(questions) == 60  # each question once
+    assert [e.id for e in unanswerable_entries(env.pools["train"], 60)] == [e.id for e in extra]  # seeded
+    # what `unrelated` refuses: shared domain words, the domain named in the question, an open-ended function
+    weather = WEATHER
+    other_weather = Entry("hand_weather_1", "live_simple", [Message("user", "Is it windy?")],
+                          [{**FORECAST[0], "name": "WeatherService.forecast"}], [])
+    shell = Entry("hand_shell_0", "live_simple", [Message("user", "List files")], [{**FORECAST[0], "name": "cmd_controller.execute"}], [])
+    films = Entry("hand_films_0", "live_simple", [Message("user", "Find a film")], [{**FORECAST[0], "name": "Movies_3_FindMovies"}], [])
+    paris = Entry("hand_paris_0", "live_simple", [Message("user", "Any movies in Paris?")], FORECAST, [])
+    assert not unrelated(weather, other_weather) and not unrelated(weather, shell) and not unrelated(paris, films)
+    assert unrelated(weather, films)
+    # scored as irrelevance: no call passes, a call of an offered function fails
+    ids = [e.id for e in extra[:8]]
+    first_function = [made.task_specs(made.task(i))[0].name for i in ids]
+    calls = [Message("assistant", "", [ToolCall(name, {})]) for name in first_function]
+    rubric = Rubric.from_weights({"bfcl_correct": 1.0})
+    assert {rubric.score(e).total for e in run(made, gate, ids, [Message("assistant", "I can't do that with these tools.")] * 8)} == {1.0}
+    assert {rubric.score(e).total for e in run(made, gate, ids, calls)} == {0.0}
+    with pytest.raises(ValueError, match="env.unanswerable"):
+        unanswerable_entries(env.pools["train"][:40], 200)
+    cfg = load_config(None, ["env=bfcl", "env.unanswerable=60"])
+    assert [e.id for e in build_env(cfg.env).pools["train"]][-60:] == [e.id for e in unanswerable_entries(env.pools["train"], 60)]
+
+
 # ---- the demonstrator ----------------------------------------------------------------------
 
 

@@ -285,6 +285,71 @@ def _spread(tuples: list[tuple[Entry, ...]], uses: Counter[str], most: int = 4) 
     return kept
 
 
+UNANSWERABLE_CATEGORY = "unanswerable"
+
+COMMON_NAME_WORDS = frozenset(
+    "get set list add create update delete remove find search lookup check info details data api the for and with by of to".split()
+)
+"""Words of function names that say nothing of a domain: they never make two function lists related."""
+
+OPEN_ENDED = re.compile(r"(execute|cmd|command|shell|default_function|requests?|http|query|eval)", re.IGNORECASE)
+"""Function names that can serve almost any question (a shell, an HTTP client): never offered as unrelated."""
+
+
+def name_words(entry: Entry) -> set[str]:
+    """The domain words of an entry's function names: split at ".", "_" and lower-to-upper
+    case changes, lower-cased, three letters or more, the common ones dropped."""
+    words = set()
+    for function in entry.functions:
+        spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", function["name"])
+        words |= {w for w in re.split(r"[^A-Za-z]+", spaced.lower()) if len(w) >= 3}
+    return words - COMMON_NAME_WORDS
+
+
+def unrelated(entry: Entry, other: Entry) -> bool:
+    """Whether `other`'s functions plausibly cannot answer `entry`'s question: no domain word
+    shared between the two function lists, none of `other`'s in the question, and no
+    open-ended function (`OPEN_ENDED`) on `other`'s list."""
+    if any(OPEN_ENDED.search(f["name"]) for f in other.functions):
+        return False
+    theirs = name_words(other)
+    return not theirs & name_words(entry) and not theirs & set(question_key(entry).split())
+
+
+def unanswerable(entry: Entry, other: Entry) -> Entry:
+    """`entry`'s question offered `other`'s functions instead of its own: no call is right."""
+    return Entry(
+        id=f"unanswerable_{entry.id}+{other.id}",
+        category=UNANSWERABLE_CATEGORY,
+        messages=list(entry.messages),
+        functions=other.functions,
+        expected=[],
+        language=other.language,
+        shown=other.shown,
+    )
+
+
+def unanswerable_entries(train: tuple[Entry, ...] | list[Entry], n: int, seed: int = 0, tries: int = 50) -> list[Entry]:
+    """`n` irrelevance entries made from train entries that expect one call (`composable`):
+    each question once, offered the functions of another such entry that are `unrelated` to
+    it (the first of up to `tries` random picks), so refraining is taught on the very
+    questions the call entries ask. The same `n` and `seed` give the same entries."""
+    if n <= 0:
+        return []
+    pool = sorted((e for e in train if composable(e)), key=lambda e: e.id)
+    rng = random.Random(f"bfcl/unanswerable/{seed}")
+    out = []
+    for entry in rng.sample(pool, len(pool)):
+        other = next((o for o in (rng.choice(pool) for _ in range(tries)) if unrelated(entry, o)), None)
+        if other is not None:
+            out.append(unanswerable(entry, other))
+        if len(out) == n:
+            return out
+    raise ConfigError(
+        f"field 'env.unanswerable': {n} entries asked, but only {len(out)} train questions found unrelated functions; ask for fewer"
+    )
+
+
 def _not_run(**arguments: Any) -> str:
     return NOT_RUN
 
@@ -364,6 +429,8 @@ class BfclEnv:
         categories: the BFCL categories to draw entries from (default: all thirteen); the
             live ones make `train`, the others `eval`.
         composed: composed entries added to `train` (`composed_entries`), from the kept ones.
+        composed_calls: the numbers of calls the composed entries hold.
+        unanswerable: irrelevance entries added to `train` (`unanswerable_entries`), from the kept ones.
     """
 
     name = "bfcl"
@@ -382,13 +449,17 @@ class BfclEnv:
     }
 
     def __init__(
-        self, categories: tuple[Category, ...] = CATEGORIES, composed: int = 0, composed_calls: tuple[int, ...] = (2,)
+        self,
+        categories: tuple[Category, ...] = CATEGORIES,
+        composed: int = 0,
+        composed_calls: tuple[int, ...] = (2,),
+        unanswerable: int = 0,
     ) -> None:
         self.categories = known_categories(categories)
         split = v4_split()
         train = [e for e in split.train if e.category in self.categories]
         self.pools = {
-            "train": train + composed_entries(train, composed, calls=tuple(composed_calls)),
+            "train": train + composed_entries(train, composed, calls=tuple(composed_calls)) + unanswerable_entries(train, unanswerable),
             "eval": [e for e in split.held_out if e.category in self.categories],
         }
         self.dropped = {i: why for i, why in split.dropped.items() if live_category(i) in self.categories}
