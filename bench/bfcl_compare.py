@@ -22,7 +22,7 @@ from pathlib import Path
 from result_file import write_result  # bench/ is on the path of a script run from it
 
 from toolpolicy.eval.bfcl import summarize_bfcl
-from toolpolicy.eval.bfcl_v4 import bfcl_scores
+from toolpolicy.eval.bfcl_v4 import HALLUCINATION, bfcl_scores
 from toolpolicy.eval.metrics import paired_bootstrap
 from toolpolicy.jsonl import read_objects
 
@@ -31,10 +31,6 @@ def scores(rows: list[dict]) -> dict:
     summary = summarize_bfcl(rows)
     by_category = {name: {"n": row["n"], "accuracy": row["accuracy"]} for name, row in summary["by_category"].items()}
     return {"n": summary["n"], "accuracy": summary["accuracy"], "by_category": by_category, "bfcl": bfcl_scores(summary["by_category"])}
-
-
-REFRAIN = {"irrelevance", "live_irrelevance"}
-"""Categories whose entries expect no call."""
 
 
 def difference(runs: dict[str, dict[str, dict]], before: str, after: str, ids: list[str]) -> dict:
@@ -57,7 +53,7 @@ def main(argv: list[str]) -> int:
     pairs = [(args.baseline, n) for n in names if n != args.baseline] if args.baseline else list(zip(names, names[1:]))
     for before, after in pairs:
         shared = sorted(set(runs[before]) & set(runs[after]))
-        calls = [i for i in shared if runs[after][i]["category"] not in REFRAIN]
+        calls = [i for i in shared if runs[after][i]["category"] not in HALLUCINATION]  # they expect no call
         result["differences"][f"{after} - {before}"] = {**difference(runs, before, after, shared), "calls": difference(runs, before, after, calls)}
     write_result(args.out, result)
     for name, run in result["runs"].items():
