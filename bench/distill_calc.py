@@ -1,6 +1,7 @@
 """On-policy distillation against GRPO on calc: a smaller student learns from the RL-trained calc model.
 
     .venv/bin/python bench/distill_calc.py [--student CHECKPOINT] [--steps 100] [--work runs/distill-calc]
+        [--seeds 0 1 2] [--every 10] [--arms grpo_mb4 distill_full_mb4 ...] [--mini-batches 4] [--lr 0.0003]
         [--out bench/results/distill_calc.json]
 
 Each phase runs `toolpolicy` as a user would, in a process of its own, and is skipped when
@@ -10,19 +11,22 @@ its output exists, so a stopped run picks up where it was:
 2. student: `--student CHECKPOINT` (e.g. checkpoints/calc-sft, the teacher's own start), or
    else SFT of a smaller embedded model (STUDENT, about a fifth of the teacher's parameters,
    the same tokenizer) on the demonstrations calc-sft learned from.
-3. grpo: RL from the student with demo.yaml's GRPO, a checkpoint every EVERY steps.
+3. grpo: RL from the student with demo.yaml's GRPO, a checkpoint every `--every` steps.
 4. distill: the same RL from the same student with `algorithm.teacher` (the teacher's
-   per-token reverse-KL advantage alone), a checkpoint every EVERY steps.
+   per-token reverse-KL advantage alone), a checkpoint every `--every` steps.
 5. distill_full: the same with `algorithm.teacher_loss: full` (the exact reverse KL over the
    vocabulary at each sampled position, in the loss).
 6. the same three with four optimizer steps per rollout batch (`algorithm.mini_batches: 4`):
-   grpo_mb4, distill_mb4, distill_full_mb4.
+   grpo_mb4, distill_mb4, distill_full_mb4. `--arms` runs only the named ones.
 7. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
    model) of the teacher, the student and every checkpoint.
 
-The result file holds the curves, the steps each method took to come within 2 points of the
-teacher's accuracy (None: not within the steps run), each distillation's steps as a fraction
-of GRPO's with as many optimizer steps per batch, and sampled tokens and wall time per run.
+Steps 3-7 run once per `--seeds` seed (`run.seed`: the task draws and samples; the teacher
+and the student are the same for all). The result file holds, per arm and seed, the curve,
+the steps it took to come within 2 points of the teacher's accuracy (None: not within the
+steps run), sampled tokens and wall time; and each distillation's steps as a fraction of
+GRPO's with as many optimizer steps per batch, per seed and as the ratio of the means over
+the seeds that reached the target.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from result_file import write_result  # bench/ is on the path of a script run from it
+from seed_interval import interval
 
 ROOT = Path(__file__).parent.parent
 CONFIG = ROOT / "src" / "toolpolicy" / "configs" / "demo.yaml"
@@ -53,7 +58,7 @@ DISTILLATIONS = {
     "distill_full": {"algorithm.teacher_alone": True, "algorithm.teacher_loss": "full"},
 }
 MINI_BATCHES = 4
-"""The second arm of each method: this many optimizer steps per rollout batch (named NAME_mb4)."""
+"""The second arm of each method: this many optimizer steps per rollout batch (named NAME_mb4; `--mini-batches`)."""
 
 
 def toolpolicy(command: str, run_dir: Path, settings: dict[str, Any], threads: int, *extra: str, config: Path = CONFIG) -> float:
@@ -84,12 +89,13 @@ def accuracy(
 
 
 def rl_run(
-    work: Path, name: str, start: Path, steps: int, settings: dict[str, Any], threads: int, config: Path = CONFIG
+    work: Path, name: str, start: Path, steps: int, settings: dict[str, Any], threads: int, config: Path = CONFIG,
+    every: int = EVERY,
 ) -> dict[str, Any]:
-    """RL from `start` with a checkpoint every EVERY steps, all kept (unless it ran already)."""
+    """RL from `start` with a checkpoint every `every` steps, all kept (unless it ran already)."""
     run_dir = work / name
     if not (run_dir / "rl" / "final").exists():
-        kept = {"rl.init_from": start, "rl.steps": steps, "run.checkpoint_every": EVERY, "run.keep_checkpoints": steps // EVERY + 1,
+        kept = {"rl.init_from": start, "rl.steps": steps, "run.checkpoint_every": every, "run.keep_checkpoints": steps // every + 1,
                 "rl.store_rollouts": False, **settings}
         toolpolicy("train", run_dir, kept, threads, config=config)
     rows = rl_rows(run_dir)
@@ -115,6 +121,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="RL steps of each student run")
     parser.add_argument("--student", type=Path, help="the student's checkpoint (default: SFT of the smaller STUDENT)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--every", type=int, default=EVERY, help="steps between evaluated checkpoints")
+    parser.add_argument("--arms", nargs="+", help="run only these arms (default: all six)")
+    parser.add_argument("--mini-batches", type=int, default=MINI_BATCHES, help="optimizer steps a batch of the second arms")
+    parser.add_argument("--lr", type=float, help="every arm's learning rate (default: demo.yaml's); runs named NAME-lrLR")
     args = parser.parse_args()
     work, threads = args.work, args.threads
 
@@ -130,34 +141,66 @@ def main() -> None:
         student = student_run / "sft" / "final"
     runs_dir = work / (student.resolve().name if args.student else "small-student")
 
-    several = {"algorithm.mini_batches": MINI_BATCHES}
+    several = {"algorithm.mini_batches": args.mini_batches}
     methods = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **settings} for name, settings in DISTILLATIONS.items()}}
-    methods |= {f"{name}_mb{MINI_BATCHES}": {**settings, **several} for name, settings in methods.items()}  # grpo_mb4, ...
-    runs = {name: rl_run(runs_dir, name, student, args.steps, settings, threads) for name, settings in methods.items()}
+    methods |= {f"{name}_mb{args.mini_batches}": {**settings, **several} for name, settings in methods.items()}  # grpo_mb4, ...
+    methods = {name: settings for name, settings in methods.items() if args.arms is None or name in args.arms}
     teacher_accuracy = accuracy(work, "teacher", teacher, {}, threads)
     student_accuracy = accuracy(work, f"student-{runs_dir.name}", student, {}, threads)
     target = teacher_accuracy - WITHIN
-    for name, run in runs.items():
-        checkpoints = sorted((runs_dir / name / "rl" / "checkpoints").glob("step_*"))
-        curve = [(0, student_accuracy)] + [
-            (int(c.name.split("_")[1]), accuracy(work, f"{runs_dir.name}-{name}-{c.name}", c, {}, threads)) for c in checkpoints
-        ]
-        run["held_out"] = curve
-        run["steps_to_within_2_points"] = first_within(curve, target)
-    steps = {name: run["steps_to_within_2_points"] for name, run in runs.items()}
-    suffix = f"_mb{MINI_BATCHES}"
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
+    for seed in args.seeds:
+        for name, settings in methods.items():
+            run_name = f"{name}-seed{seed}" + (f"-lr{args.lr:g}" if args.lr else "")
+            rate = {"rl.lr": args.lr} if args.lr else {}
+            run = rl_run(runs_dir, run_name, student, args.steps, {"run.seed": seed, **rate, **settings}, threads, every=args.every)
+            checkpoints = sorted((runs_dir / run_name / "rl" / "checkpoints").glob("step_*"))
+            curve = [(0, student_accuracy)] + [
+                (int(c.name.split("_")[1]), accuracy(work, f"{runs_dir.name}-{run_name}-{c.name}", c, {}, threads)) for c in checkpoints
+            ]
+            runs[name].append({"seed": seed, **run, "held_out": curve, "steps_to_within_2_points": first_within(curve, target)})
+            print(f"{run_name}: within 2 points at step {runs[name][-1]['steps_to_within_2_points']}", flush=True)
+    steps = {name: [run["steps_to_within_2_points"] for run in done] for name, done in runs.items()}
+    suffix = f"_mb{args.mini_batches}"
     baseline = {name: "grpo" + suffix if name.endswith(suffix) else "grpo" for name in runs}  # as many optimizer steps per batch
     write_result(args.out, {
         "config": str(CONFIG.relative_to(ROOT)), "teacher_start": str(TEACHER_START.relative_to(ROOT)), "teacher_steps": TEACHER_STEPS,
         "student": str(args.student) if args.student else {"shape": STUDENT, "sft": STUDENT_SFT}, "eval": {"tasks": EVAL_TASKS, "samples": EVAL_SAMPLES},
+        "seeds": args.seeds, "steps": args.steps, "every": args.every, "lr": args.lr, "mini_batches": args.mini_batches,
         "teacher_accuracy": teacher_accuracy, "student_accuracy": student_accuracy, "target": target,
-        "steps_ratio": {
-            name: None if steps[baseline[name]] is None or n is None else n / steps[baseline[name]]
-            for name, n in steps.items() if not name.startswith("grpo")
-        },
+        "steps_to_within_2_points": steps,
+        "steps_ratio": {name: steps_ratio(steps[name], steps[baseline[name]], args.steps) for name in runs if not name.startswith("grpo") and baseline[name] in runs},
+        "held_out_at": {name: held_out_at(done) for name, done in runs.items()},
         "runs": runs,
     })
     print(json.dumps({"teacher": teacher_accuracy, "student": student_accuracy, **steps}))
+
+
+def steps_ratio(method: list[int | None], grpo: list[int | None], steps: int) -> dict[str, Any]:
+    """A method's steps to the target over GRPO's, per seed, and the ratio of the means over the seeds where both got there.
+
+    A seed where GRPO did not get there in the `steps` run gives the method's steps over `steps`,
+    a bound the true ratio is below (`bound_seeds`: their indices in the list); one where the
+    method did not, None.
+
+    >>> steps_ratio([4, 6, 10, None], [20, 30, None, 24], 50)
+    {'per_seed': [0.2, 0.2, 0.2, None], 'bound_seeds': [2], 'of_means': 0.2}
+    """
+    both = [(m, g) for m, g in zip(method, grpo) if m is not None and g is not None]
+    return {
+        "per_seed": [None if m is None else m / (g or steps) for m, g in zip(method, grpo)],
+        "bound_seeds": [i for i, (m, g) in enumerate(zip(method, grpo)) if m is not None and g is None],
+        "of_means": sum(m for m, _ in both) / sum(g for _, g in both) if both else None,
+    }
+
+
+def held_out_at(done: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Held-out accuracy at each evaluated step: the mean over seeds with its 95% t interval."""
+    by_step: dict[int, list[float]] = {}
+    for run in done:
+        for step, value in run["held_out"]:
+            by_step.setdefault(step, []).append(value)
+    return {step: interval(values) for step, values in sorted(by_step.items())}
 
 
 if __name__ == "__main__":

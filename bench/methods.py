@@ -1,7 +1,8 @@
-"""Rollout methods against GRPO: fission, entropy-guided branching and success replay, several seeds.
+"""Rollout methods against GRPO: fission, entropy-guided branching, success replay and on-policy distillation, several seeds.
 
     .venv/bin/python bench/methods.py --env calc [--seeds 0 1 2] [--steps N] [--threads 2]
-        [--methods grpo fission entropy replay] [--work runs/methods-calc] [--out docs/results/methods/calc.json]
+        [--methods grpo fission entropy replay distill distill_full] [--work runs/methods-calc]
+        [--out docs/results/methods/calc.json]
     .venv/bin/python bench/methods.py --env hotel ...
 
 Every run is RL from the environment's shipped SFT checkpoint with its config (ENVS), the same
@@ -13,6 +14,12 @@ mid-episode, so it samples fewer tokens than a whole episode: each run's sampled
 in the file, and a branching method is compared at no more tokens than GRPO's; with
 `--equal-tokens fission`, fission also runs for as many more steps as it takes to sample
 GRPO's mean tokens (arm fission@tokens). Wall time is the sum of the steps' `time/step`.
+
+The distillation methods (`distill`: the teacher's per-token reverse-KL advantage alone;
+`distill_full`: the exact reverse KL over the vocabulary in the loss) sample GRPO's episodes
+and need a teacher of the same vocabulary: the environment's TEACHER run, RL from the same
+start for more steps and more groups a step (trained once in WORK/teacher, its held-out
+accuracy in the file). It costs that run's compute besides, which the table must say.
 
 Held-out accuracy: the environment's EVAL tasks x samples of each final model, the same
 tasks for every run; the mean over seeds with a 95% t interval, and each method's paired
@@ -29,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from distill_calc import ROOT, accuracy, rl_rows, rl_run  # bench/ is on the path of a script run from it
-from replay_calc import interval
+from seed_interval import interval
 from result_file import write_result
 
 CONFIGS = ROOT / "src" / "toolpolicy" / "configs"
@@ -39,17 +46,26 @@ ENVS: dict[str, dict[str, Any]] = {
     "hotel": {"config": CONFIGS / "ablation_hotel.yaml", "start": ROOT / "checkpoints" / "hotel-sft-breaks20", "prompts": 4,
               "pool": 24, "steps": 30, "eval": (30, 4)},
 }  # fmt: skip
+TEACHER: dict[str, dict[str, Any]] = {
+    "calc": {"rl.steps": 200},
+    "hotel": {"rl.steps": 160, "rl.prompts_per_step": 8, "algorithm.beta": 0.04, "algorithm.mini_batches": 4},
+}
+"""The teacher of the distillation methods: RL from the environment's start with these settings
+(hotel: twice the groups a step, four optimizer steps a batch and hotel.yaml's KL to the start)."""
 BRANCH_GROUPS = 2
 
 
-def methods(prompts: int) -> dict[str, dict[str, Any]]:
-    """Each method's settings, at `prompts` episodes' groups a step."""
+def methods(prompts: int, teacher: Path | None) -> dict[str, dict[str, Any]]:
+    """Each method's settings, at `prompts` episodes' groups a step (distillation from `teacher`)."""
     branched = {"rl.prompts_per_step": prompts - BRANCH_GROUPS, "algorithm.branch_groups": BRANCH_GROUPS}
+    distilled = {"rl.prompts_per_step": prompts, "algorithm.teacher": teacher, "algorithm.teacher_alone": True}
     return {
         "grpo": {"rl.prompts_per_step": prompts},
         "fission": {**branched, "algorithm.branch": "fission"},
         "entropy": {**branched, "algorithm.branch": "entropy"},
         "replay": {"rl.prompts_per_step": prompts, "algorithm.replay": True},
+        "distill": distilled,
+        "distill_full": {**distilled, "algorithm.teacher_loss": "full"},
     }
 
 
@@ -70,13 +86,18 @@ def main() -> None:
     env = ENVS[args.env]
     work = args.work or ROOT / "runs" / f"methods-{args.env}"
     out = args.out or ROOT / "docs" / "results" / "methods" / f"{args.env}.json"  # the README's table (report/readme_tables.py)
-    table = methods(env["prompts"])
     tasks, samples = env["eval"]
     steps = args.steps or env["steps"]
 
     def held_out(name: str, checkpoint: Path) -> float:
         return accuracy(work, name, checkpoint, {}, args.threads, env["config"], tasks, samples)
 
+    teacher, teacher_figures = None, None
+    if any(method.startswith("distill") for method in args.methods):
+        teacher_run = rl_run(work, "teacher", env["start"], TEACHER[args.env]["rl.steps"], TEACHER[args.env], args.threads, env["config"])
+        teacher = work / "teacher" / "rl" / "final"
+        teacher_figures = {"settings": TEACHER[args.env], "held_out": held_out("teacher", teacher), "wall_minutes": teacher_run["wall_seconds"] / 60}
+    table = methods(env["prompts"], teacher)
     start_accuracy = held_out("start", env["start"])
     runs: dict[str, list[dict[str, Any]]] = {method: [] for method in args.methods}
     arms = [(method, method, steps) for method in args.methods]
@@ -116,9 +137,10 @@ def main() -> None:
         }
     write_result(out, {
         "env": args.env, "config": str(env["config"].relative_to(ROOT)), "start": str(env["start"].relative_to(ROOT)),
-        "start_held_out": start_accuracy, "steps": steps, "task_pool": env["pool"], "episodes_per_step": env["prompts"],
+        "start_held_out": start_accuracy, "teacher": teacher_figures,
+        "steps": steps, "task_pool": env["pool"], "episodes_per_step": env["prompts"],
         "branch_groups": BRANCH_GROUPS, "eval": {"tasks": tasks, "samples": samples}, "seeds": args.seeds,
-        "methods": {method: table[method] for method in args.methods}, "steps_of": steps_of, "summary": summary, "runs": runs,
+        "methods": {method: {k: str(v) if isinstance(v, Path) else v for k, v in table[method].items()} for method in args.methods}, "steps_of": steps_of, "summary": summary, "runs": runs,
     })
     for method, figures in summary.items():
         print(method, figures)

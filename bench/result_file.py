@@ -35,4 +35,5 @@ def write_result(path: str | Path, result: Any, indent: int = 2) -> None:
     """`result` as indented JSON at `path`, with this machine's description under "machine"
     (a list of rows is kept under "rows")."""
     body = result if isinstance(result, dict) else {"rows": result}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({**body, "machine": machine()}, indent=indent) + "\n")

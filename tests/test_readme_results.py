@@ -46,6 +46,10 @@ def test_readme_methods_table_is_the_published_benchmark():
     assert_readme_shows("methods")
 
 
+def test_readme_distillation_table_is_the_published_benchmark():
+    assert_readme_shows("methods-teacher")
+
+
 def test_readme_zoom_table_is_the_published_eval():
     assert_readme_shows("zoom")
 
