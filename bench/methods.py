@@ -19,7 +19,7 @@ The distillation methods (`distill`: the teacher's per-token reverse-KL advantag
 `distill_full`: the exact reverse KL over the vocabulary in the loss) sample GRPO's episodes
 and need a teacher of the same vocabulary: the environment's TEACHER run, RL from the same
 start for more steps and more groups a step (trained once in WORK/teacher, its held-out
-accuracy in the file). It costs that run's compute besides, which the table must say.
+accuracy and minutes in the file): its compute comes on top of the method's own.
 
 Held-out accuracy: the environment's EVAL tasks x samples of each final model, the same
 tasks for every run; the mean over seeds with a 95% t interval, and each method's paired
@@ -35,7 +35,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from distill_calc import ROOT, accuracy, rl_rows, rl_run  # bench/ is on the path of a script run from it
+from distill_calc import ROOT, TEACHER_STEPS, accuracy, rl_rows, rl_run  # bench/ is on the path of a script run from it
 from seed_interval import interval
 from result_file import write_result
 
@@ -47,7 +47,7 @@ ENVS: dict[str, dict[str, Any]] = {
               "pool": 24, "steps": 30, "eval": (30, 4)},
 }  # fmt: skip
 TEACHER: dict[str, dict[str, Any]] = {
-    "calc": {"rl.steps": 200},
+    "calc": {"rl.steps": TEACHER_STEPS},  # distill_calc's teacher
     "hotel": {"rl.steps": 160, "rl.prompts_per_step": 8, "algorithm.beta": 0.04, "algorithm.mini_batches": 4},
 }
 """The teacher of the distillation methods: RL from the environment's start with these settings
