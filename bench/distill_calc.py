@@ -149,10 +149,10 @@ def main() -> None:
     student_accuracy = accuracy(work, f"student-{runs_dir.name}", student, {}, threads)
     target = teacher_accuracy - WITHIN
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
+    rate, rate_name = ({"rl.lr": args.lr}, f"-lr{args.lr:g}") if args.lr else ({}, "")
     for seed in args.seeds:
         for name, settings in methods.items():
-            run_name = f"{name}-seed{seed}" + (f"-lr{args.lr:g}" if args.lr else "")
-            rate = {"rl.lr": args.lr} if args.lr else {}
+            run_name = f"{name}-seed{seed}{rate_name}"
             run = rl_run(runs_dir, run_name, student, args.steps, {"run.seed": seed, **rate, **settings}, threads, every=args.every)
             checkpoints = sorted((runs_dir / run_name / "rl" / "checkpoints").glob("step_*"))
             curve = [(0, student_accuracy)] + [

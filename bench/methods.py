@@ -94,7 +94,8 @@ def main() -> None:
 
     teacher, teacher_figures = None, None
     if any(method.startswith("distill") for method in args.methods):
-        teacher_run = rl_run(work, "teacher", env["start"], TEACHER[args.env]["rl.steps"], TEACHER[args.env], args.threads, env["config"])
+        teacher_steps = TEACHER[args.env]["rl.steps"]  # one checkpoint, at the end: only the final model teaches
+        teacher_run = rl_run(work, "teacher", env["start"], teacher_steps, TEACHER[args.env], args.threads, env["config"], every=teacher_steps)
         teacher = work / "teacher" / "rl" / "final"
         teacher_figures = {"settings": TEACHER[args.env], "held_out": held_out("teacher", teacher), "wall_minutes": teacher_run["wall_seconds"] / 60}
     table = methods(env["prompts"], teacher)
