@@ -255,6 +255,52 @@ def test_composed_entries_of_three_and_four_calls_ask_distinct_questions_of_one_
         composed_entries(env.pools["train"], 4, calls=(1,))
 
 
+def test_prose_composed_entries_ask_the_same_questions_as_one_paragraph(env):
+    from toolpolicy.envs.bfcl.single_turn import OPENINGS, composed_entries, prose
+
+    lines = composed_entries(env.pools["train"], 31, calls=(2, 3, 4))
+    paragraphs = composed_entries(env.pools["train"], 31, calls=(2, 3, 4), style="prose")
+    assert [(e.id, e.expected, e.functions) for e in paragraphs] == [(e.id, e.expected, e.functions) for e in lines]
+    words = lambda text: re.sub(r"\W+", " ", text).lower().split()  # noqa: E731
+    for asked, listed in zip(paragraphs, lines):
+        text = asked.messages[0].content
+        assert "\n" not in text and len(asked.messages) == 1
+        rest = " ".join(words(text))
+        for part in asked.id.removeprefix("composed_").split("+"):  # every question, in the order of the calls
+            question = " ".join(words(env.entries[part].messages[0].content))
+            assert question in rest
+            rest = rest[rest.index(question) + len(question):]
+    assert {p.messages[0].content for p in paragraphs} != {p.messages[0].content for p in lines}
+    assert [p.messages for p in composed_entries(env.pools["train"], 31, calls=(2, 3, 4), style="prose")] == [
+        p.messages for p in paragraphs
+    ]  # seeded by the entry ids
+    # each way of asking, by hand: a stop added where a question has none, the first letter lowered after an opening
+    asked = {prose(["What is 2+2", "Is it raining in Paris?", "I want tea"], _Fixed(i)) for i in range(len(OPENINGS))}
+    assert asked == {
+        "What is 2+2. Is it raining in Paris? I want tea.",
+        "What is 2+2. Also, is it raining in Paris? Also, I want tea.",
+        "First, what is 2+2. Second, is it raining in Paris? Third, I want tea.",
+        "First, what is 2+2. Then, is it raining in Paris? Finally, I want tea.",
+        "I need help with three things. First, what is 2+2. Next, is it raining in Paris? Lastly, I want tea.",
+    }
+    with pytest.raises(ConfigError, match="env.composed_style"):
+        composed_entries(env.pools["train"], 4, style="sentences")
+    cfg = load_config(None, ["env=bfcl", "env.composed=31", "env.composed_calls=[2,3,4]", "env.composed_style=prose"])
+    built = build_env(cfg.env).pools["train"][len(env.pools["train"]):]
+    assert [e.messages for e in built] == [e.messages for e in paragraphs]
+
+
+class _Fixed(random.Random):
+    """A random source whose `choice` takes the item at a fixed index."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(0)
+        self.index = index
+
+    def choice(self, seq):  # type: ignore[override]
+        return seq[self.index]
+
+
 def test_unanswerable_entries_offer_a_kept_question_unrelated_functions_and_pass_only_without_a_call(env, gate):
     from toolpolicy.envs.bfcl.single_turn import UNANSWERABLE_CATEGORY, composable, name_words, unanswerable_entries, unrelated
 

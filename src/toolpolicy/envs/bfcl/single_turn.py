@@ -85,6 +85,7 @@ import json
 import random
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any
@@ -196,15 +197,48 @@ def called(entry: Entry) -> str:
     return next(iter(entry.expected[0]))
 
 
-def compose(*entries: Entry) -> Entry:
-    """One entry asking every question of `entries` (one per line), expecting all their calls
-    (they offer the same functions)."""
+COMPOSED_STYLES = ("lines", "prose")
+"""How a composed entry asks its questions: one a line, or as one paragraph (`prose`)."""
+
+ORDINALS = ("First", "Second", "Third", "Fourth")
+NUMBERS = {2: "two", 3: "three", 4: "four"}
+OPENINGS: tuple[Callable[[int], list[str]], ...] = (
+    lambda n: [""] * n,
+    lambda n: ["", *(["Also,"] * (n - 1))],
+    lambda n: [f"{ORDINALS[i]}," for i in range(n)],
+    lambda n: ["First,", *(["Then,"] * (n - 2)), "Finally,"],
+    lambda n: [f"I need help with {NUMBERS.get(n, n)} things. First,", *(["Next,"] * (n - 2)), "Lastly,"],
+)
+"""The openings of a prose entry's questions, one sequence per way of asking (`prose`)."""
+
+
+def prose(questions: list[str], rng: random.Random) -> str:
+    """`questions` as one paragraph, the way the held-out parallel entries ask ("First, ...
+    Then, ... Finally, ..."), one of `OPENINGS` chosen by `rng`: each question on one line,
+    ended by a stop if it has none, after its opening (its first letter lowered after one,
+    unless the word is in capitals: I, I'm, NASA)."""
+    parts = []
+    for opening, question in zip(rng.choice(OPENINGS)(len(questions)), questions):
+        text = " ".join(question.split())
+        text = text if text[-1:] in ".?!" else text + "."
+        first = text.split(" ", 1)[0]
+        if opening and not first.isupper():
+            text = text[0].lower() + text[1:]
+        parts.append(f"{opening} {text}" if opening else text)
+    return " ".join(parts)
+
+
+def compose(*entries: Entry, style: str = "lines") -> Entry:
+    """One entry asking every question of `entries` (one a line, or as one paragraph: `prose`,
+    seeded by their ids), expecting all their calls (they offer the same functions)."""
     first = entries[0]
     same = len({called(e) for e in entries}) == 1
+    entry_id = "composed_" + "+".join(e.id for e in entries)
+    questions = [e.messages[0].content for e in entries]
     return Entry(
-        id="composed_" + "+".join(e.id for e in entries),
+        id=entry_id,
         category=COMPOSED_CATEGORIES[0] if same else COMPOSED_CATEGORIES[1],
-        messages=[Message("user", "\n".join(e.messages[0].content for e in entries))],
+        messages=[Message("user", prose(questions, random.Random(entry_id)) if style == "prose" else "\n".join(questions))],
         functions=first.functions,
         expected=[call for e in entries for call in e.expected],
         language=first.language,
@@ -213,23 +247,30 @@ def compose(*entries: Entry) -> Entry:
 
 
 def composed_entries(
-    train: tuple[Entry, ...] | list[Entry], n: int, seed: int = 0, calls: tuple[int, ...] = (2,)
+    train: tuple[Entry, ...] | list[Entry], n: int, seed: int = 0, calls: tuple[int, ...] = (2,), style: str = "lines"
 ) -> list[Entry]:
-    """`n` composed entries (`compose`) of train entries offering the same functions with
-    different questions, shared out evenly over the numbers of calls in `calls` (the first
-    sizes take what does not divide). Of each size, half call one function every time
-    (`composed_parallel`), as far as such tuples go; each entry is in at most four tuples of
-    one size (`_spread`). The same `n`, `seed` and `calls` give the same entries."""
+    """`n` composed entries (`compose`, asking in `style`) of train entries offering the same
+    functions with different questions, shared out evenly over the numbers of calls in `calls`
+    (the first sizes take what does not divide). Of each size, half call one function every
+    time (`composed_parallel`), as far as such tuples go; each entry is in at most four tuples
+    of one size (`_spread`). The same `n`, `seed` and `calls` give the same entries, in
+    either style."""
+    if style not in COMPOSED_STYLES:
+        raise ConfigError(f"field 'env.composed_style': {style!r} is not one of {', '.join(COMPOSED_STYLES)}")
     if n <= 0:
         return []
     groups: dict[str, list[Entry]] = {}
     for entry in sorted((e for e in train if composable(e)), key=lambda e: e.id):
         groups.setdefault(json.dumps(entry.functions, sort_keys=True), []).append(entry)
     shares = [n // len(calls) + (i < n % len(calls)) for i in range(len(calls))]
-    return [entry for size, share in zip(calls, shares) for entry in _composed_of_size(list(groups.values()), size, share, seed)]
+    return [
+        entry
+        for size, share in zip(calls, shares)
+        for entry in _composed_of_size(list(groups.values()), size, share, seed, style)
+    ]
 
 
-def _composed_of_size(groups: list[list[Entry]], size: int, n: int, seed: int) -> list[Entry]:
+def _composed_of_size(groups: list[list[Entry]], size: int, n: int, seed: int, style: str) -> list[Entry]:
     """`n` composed entries of `size` calls each from `groups` (entries offering the same
     functions): every pair for two calls, shuffled chunks for more (`_tuples`)."""
     if size < 2:
@@ -251,7 +292,7 @@ def _composed_of_size(groups: list[list[Entry]], size: int, n: int, seed: int) -
             f"field 'env.composed': {n} entries of {size} calls asked, but the train split has {len(chosen)} "
             "composable tuples of that size; ask for fewer, or spread them over more sizes (env.composed_calls)"
         )
-    return [compose(*(tuple_ if rng.random() < 0.5 else tuple_[::-1])) for tuple_ in chosen]
+    return [compose(*(tuple_ if rng.random() < 0.5 else tuple_[::-1]), style=style) for tuple_ in chosen]
 
 
 def _tuples(group: list[Entry], size: int, rng: random.Random, rounds: int = 4) -> list[tuple[Entry, ...]]:
@@ -430,6 +471,8 @@ class BfclEnv:
             live ones make `train`, the others `eval`.
         composed: composed entries added to `train` (`composed_entries`), from the kept ones.
         composed_calls: the numbers of calls the composed entries hold.
+        composed_style: how they ask their questions: one a line (`lines`), or as one
+            paragraph with "First, ... Then, ..." (`prose`, as the held-out parallel entries ask).
         unanswerable: irrelevance entries added to `train` (`unanswerable_entries`), from the kept ones.
     """
 
@@ -453,13 +496,16 @@ class BfclEnv:
         categories: tuple[Category, ...] = CATEGORIES,
         composed: int = 0,
         composed_calls: tuple[int, ...] = (2,),
+        composed_style: str = "lines",
         unanswerable: int = 0,
     ) -> None:
         self.categories = known_categories(categories)
         split = v4_split()
         train = [e for e in split.train if e.category in self.categories]
         self.pools = {
-            "train": train + composed_entries(train, composed, calls=tuple(composed_calls)) + unanswerable_entries(train, unanswerable),
+            "train": train
+            + composed_entries(train, composed, calls=tuple(composed_calls), style=composed_style)
+            + unanswerable_entries(train, unanswerable),
             "eval": [e for e in split.held_out if e.category in self.categories],
         }
         self.dropped = {i: why for i, why in split.dropped.items() if live_category(i) in self.categories}
