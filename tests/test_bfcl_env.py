@@ -283,6 +283,9 @@ def test_prose_composed_entries_ask_the_same_questions_as_one_paragraph(env):
         "First, what is 2+2. Then, is it raining in Paris? Finally, I want tea.",
         "I need help with three things. First, what is 2+2. Next, is it raining in Paris? Lastly, I want tea.",
     }
+    twelve = prose([f"q{i}?" for i in range(12)], _Fixed(2))  # past the named ordinals, "Next,"
+    assert twelve.startswith("First, q0? Second, q1?") and twelve.endswith("Tenth, q9? Next, q10? Next, q11?")
+    assert prose(["A\n  b", "c"], _Fixed(4)) == "I need help with two things. First, a b. Lastly, c."
     with pytest.raises(ConfigError, match="env.composed_style"):
         composed_entries(env.pools["train"], 4, style="sentences")
     cfg = load_config(None, ["env=bfcl", "env.composed=31", "env.composed_calls=[2,3,4]", "env.composed_style=prose"])

@@ -200,12 +200,12 @@ def called(entry: Entry) -> str:
 COMPOSED_STYLES = ("lines", "prose")
 """How a composed entry asks its questions: one a line, or as one paragraph (`prose`)."""
 
-ORDINALS = ("First", "Second", "Third", "Fourth")
+ORDINALS = ("First", "Second", "Third", "Fourth", "Fifth", "Sixth", "Seventh", "Eighth", "Ninth", "Tenth")
 NUMBERS = {2: "two", 3: "three", 4: "four"}
 OPENINGS: tuple[Callable[[int], list[str]], ...] = (
     lambda n: [""] * n,
     lambda n: ["", *(["Also,"] * (n - 1))],
-    lambda n: [f"{ORDINALS[i]}," for i in range(n)],
+    lambda n: [f"{ORDINALS[i]}," if i < len(ORDINALS) else "Next," for i in range(n)],
     lambda n: ["First,", *(["Then,"] * (n - 2)), "Finally,"],
     lambda n: [f"I need help with {NUMBERS.get(n, n)} things. First,", *(["Next,"] * (n - 2)), "Lastly,"],
 )
@@ -214,15 +214,15 @@ OPENINGS: tuple[Callable[[int], list[str]], ...] = (
 
 def prose(questions: list[str], rng: random.Random) -> str:
     """`questions` as one paragraph, the way the held-out parallel entries ask ("First, ...
-    Then, ... Finally, ..."), one of `OPENINGS` chosen by `rng`: each question on one line,
-    ended by a stop if it has none, after its opening (its first letter lowered after one,
-    unless the word is in capitals: I, I'm, NASA)."""
+    Then, ... Finally, ..."), one of `OPENINGS` chosen by `rng`: each question with its
+    whitespace made single spaces, ended by a stop if it has none, after its opening (its
+    first letter lowered after one, unless the word is I or in capitals: I'm, NASA)."""
     parts = []
     for opening, question in zip(rng.choice(OPENINGS)(len(questions)), questions):
         text = " ".join(question.split())
         text = text if text[-1:] in ".?!" else text + "."
         first = text.split(" ", 1)[0]
-        if opening and not first.isupper():
+        if opening and first != "I" and not (len(first) > 1 and first.isupper()):
             text = text[0].lower() + text[1:]
         parts.append(f"{opening} {text}" if opening else text)
     return " ".join(parts)
