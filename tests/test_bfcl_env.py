@@ -256,18 +256,16 @@ def test_composed_entries_of_three_and_four_calls_ask_distinct_questions_of_one_
 
 
 def test_prose_composed_entries_ask_the_same_questions_as_one_paragraph(env):
-    from toolpolicy.envs.bfcl.single_turn import OPENINGS, composed_entries, prose
+    from toolpolicy.envs.bfcl.single_turn import OPENINGS, composed_entries, prose, question_key
 
     lines = composed_entries(env.pools["train"], 31, calls=(2, 3, 4))
     paragraphs = composed_entries(env.pools["train"], 31, calls=(2, 3, 4), style="prose")
     assert [(e.id, e.expected, e.functions) for e in paragraphs] == [(e.id, e.expected, e.functions) for e in lines]
-    words = lambda text: re.sub(r"\W+", " ", text).lower().split()  # noqa: E731
-    for asked, listed in zip(paragraphs, lines):
-        text = asked.messages[0].content
-        assert "\n" not in text and len(asked.messages) == 1
-        rest = " ".join(words(text))
+    for asked in paragraphs:
+        assert "\n" not in asked.messages[0].content and len(asked.messages) == 1
+        rest = question_key(asked)
         for part in asked.id.removeprefix("composed_").split("+"):  # every question, in the order of the calls
-            question = " ".join(words(env.entries[part].messages[0].content))
+            question = question_key(env.entries[part])
             assert question in rest
             rest = rest[rest.index(question) + len(question):]
     assert {p.messages[0].content for p in paragraphs} != {p.messages[0].content for p in lines}

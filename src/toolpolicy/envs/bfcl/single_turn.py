@@ -197,9 +197,6 @@ def called(entry: Entry) -> str:
     return next(iter(entry.expected[0]))
 
 
-COMPOSED_STYLES = ("lines", "prose")
-"""How a composed entry asks its questions: one a line, or as one paragraph (`prose`)."""
-
 ORDINALS = ("First", "Second", "Third", "Fourth", "Fifth", "Sixth", "Seventh", "Eighth", "Ninth", "Tenth")
 NUMBERS = {2: "two", 3: "three", 4: "four"}
 OPENINGS: tuple[Callable[[int], list[str]], ...] = (
@@ -228,9 +225,18 @@ def prose(questions: list[str], rng: random.Random) -> str:
     return " ".join(parts)
 
 
+def lines(questions: list[str], rng: random.Random) -> str:
+    """`questions` one a line."""
+    return "\n".join(questions)
+
+
+COMPOSED_STYLES: dict[str, Callable[[list[str], random.Random], str]] = {"lines": lines, "prose": prose}
+"""How a composed entry asks its questions (the config's `env.composed_style`)."""
+
+
 def compose(*entries: Entry, style: str = "lines") -> Entry:
-    """One entry asking every question of `entries` (one a line, or as one paragraph: `prose`,
-    seeded by their ids), expecting all their calls (they offer the same functions)."""
+    """One entry asking every question of `entries` in `style` (COMPOSED_STYLES, seeded by
+    their ids), expecting all their calls (they offer the same functions)."""
     first = entries[0]
     same = len({called(e) for e in entries}) == 1
     entry_id = "composed_" + "+".join(e.id for e in entries)
@@ -238,7 +244,7 @@ def compose(*entries: Entry, style: str = "lines") -> Entry:
     return Entry(
         id=entry_id,
         category=COMPOSED_CATEGORIES[0] if same else COMPOSED_CATEGORIES[1],
-        messages=[Message("user", prose(questions, random.Random(entry_id)) if style == "prose" else "\n".join(questions))],
+        messages=[Message("user", COMPOSED_STYLES[style](questions, random.Random(entry_id)))],
         functions=first.functions,
         expected=[call for e in entries for call in e.expected],
         language=first.language,
