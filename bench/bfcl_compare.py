@@ -7,9 +7,9 @@ Each NAME=FILE is the per-entry results file `toolpolicy eval CONFIG --bfcl v4` 
 output holds, per run, the accuracy of each category and BFCL's summaries (`bfcl_scores`:
 the official checker's verdict, through the matcher that agrees with it on every case
 tried), and for each run after the first the paired bootstrap 95% interval of its
-accuracy minus the previous run's (with `--baseline NAME`: minus that run's), over the
-entries both scored and (as "calls") over those of them that expect calls (every category
-but irrelevance).
+accuracy minus the previous run's (with `--baseline NAME`: minus that run's; with
+`--pairs BEFORE:AFTER,...`: those differences only), over the entries both scored and (as
+"calls") over those of them that expect calls (every category but the irrelevance ones).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("runs", nargs="+", metavar="NAME=FILE")
     parser.add_argument("--out", required=True)
     parser.add_argument("--baseline", help="compare every other run with this one (default: each with the one before)")
+    parser.add_argument("--pairs", help="compare these runs only: BEFORE:AFTER,... (sft:rl,sft:distilled)")
     args = parser.parse_args(argv)
     runs = {name: {row["id"]: row for _, row in read_objects(Path(file), ValueError)} for name, file in (r.split("=", 1) for r in args.runs)}
     result: dict = {"runs": {name: scores(list(rows.values())) for name, rows in runs.items()}, "differences": {}}
@@ -51,6 +52,11 @@ def main(argv: list[str]) -> int:
     if args.baseline is not None and args.baseline not in runs:
         parser.error(f"--baseline {args.baseline}: no run of that name (runs: {', '.join(names)})")
     pairs = [(args.baseline, n) for n in names if n != args.baseline] if args.baseline else list(zip(names, names[1:]))
+    if args.pairs:
+        pairs = [tuple(pair.split(":", 1)) for pair in args.pairs.split(",")]
+        unknown = sorted({name for pair in pairs for name in pair} - set(names))
+        if unknown or any(len(pair) != 2 for pair in pairs):
+            parser.error(f"--pairs {args.pairs}: write BEFORE:AFTER of run names ({', '.join(names)})" + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
     for before, after in pairs:
         shared = sorted(set(runs[before]) & set(runs[after]))
         calls = [i for i in shared if runs[after][i]["category"] not in HALLUCINATION]  # they expect no call

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -337,6 +338,39 @@ def test_unanswerable_entries_offer_a_kept_question_unrelated_functions_and_pass
         unanswerable_entries(env.pools["train"][:40], 200)
     cfg = load_config(None, ["env=bfcl", "env.unanswerable=60"])
     assert [e.id for e in build_env(cfg.env).pools["train"]][-60:] == [e.id for e in unanswerable_entries(env.pools["train"], 60)]
+
+
+def test_fewer_functions_drops_only_functions_no_expected_call_names(env, gate):
+    from toolpolicy.envs.bfcl.single_turn import fewer_functions
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    five = [{**FORECAST[0], "name": f"f{i}"} for i in range(5)]
+    shown = shown_functions(five, "python")
+    one = Entry("hand_five_0", "live_multiple", WEATHER.messages, five, [{"f3": {"city": ["Paris"], "days": [3]}}], shown=shown)
+    two = fewer_functions(one, 2)
+    names = [f["name"] for f in two.functions]
+    assert len(names) == 2 and "f3" in names and names == sorted(names)  # the called one, one other, in the entry's order
+    assert two.shown == [shown[int(n[1])] for n in names] and two.expected == one.expected and two.messages == one.messages
+    assert fewer_functions(one, 2) == two  # seeded by the id
+    drawn = {tuple(f["name"] for f in fewer_functions(replace(one, id=f"hand_five_{i}"), 2).functions) for i in range(20)}
+    assert drawn == {tuple(sorted(("f3", f"f{j}"))) for j in (0, 1, 2, 4)}  # every other one can be drawn
+    three_called = Entry("hand_five_1", "live_parallel_multiple", one.messages, five,
+                         [{"f1": {}}, {"f4": {}}, {"f3": {}}], shown=shown)
+    assert [f["name"] for f in fewer_functions(three_called, 2).functions] == ["f1", "f3", "f4"]  # every called one stays
+    assert fewer_functions(WEATHER, 1) is WEATHER
+    with pytest.raises(ConfigError, match="env.max_functions"):
+        fewer_functions(one, 0)
+    # through the config: every train entry, composed and unanswerable ones too, at most 2 functions unless it calls more
+    cfg = load_config(None, ["env=bfcl", "env.composed=40", "env.unanswerable=20", "env.max_functions=2"])
+    made, full = build_env(cfg.env), make_env("bfcl", composed=40, unanswerable=20)
+    assert [e.id for e in made.pools["train"]] == [e.id for e in full.pools["train"]] and made.pools["eval"] == env.pools["eval"]
+    fewer = [e for e, f in zip(made.pools["train"], full.pools["train"]) if e != f]
+    assert len(fewer) > 400 and all(len(e.functions) <= 2 or {f["name"] for f in e.functions} == {n for c in e.expected for n in c}
+                                    for e in made.pools["train"])
+    # the answers are the same and still right with the functions left
+    called = [e for e in fewer if e.expected and not {*e.id.removeprefix("composed_").split("+")} & UNWRITABLE][:60]
+    rubric = Rubric.from_weights({"bfcl_correct": 1.0})
+    assert {rubric.score(e).total for e in run(made, gate, [e.id for e in called], [bfcl_answer(e) for e in called])} == {1.0}
 
 
 # ---- the demonstrator ----------------------------------------------------------------------

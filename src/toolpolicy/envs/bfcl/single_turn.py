@@ -62,6 +62,14 @@ at most four tuples of a size (`composed_entries`). They are built from the trai
 alone, so nothing of the held-out side enters, and scored like any entry: BFCL's verdict
 on several expected calls, in any order.
 
+Fewer functions. The held-out entries offer 1 to 4 functions (multiple: median 3), the
+live ones up to 37, with long descriptions: of the 3,799 train entries of
+examples/smollm2/bfcl.yaml, 1,957 have a prompt over its 1,024 tokens and SFT leaves them
+out. `BfclEnv(max_functions=N)` (the config's `env.max_functions`) offers each train entry
+at most N of its functions: those its expected calls name, then others drawn by its id
+(`fewer_functions`); the answer is the same, and an irrelevance entry still offers only
+functions that cannot serve it.
+
 The gate knows one schema per function name, but entries show one name with different
 schemas (requests_get in 46 forms): the gate admits a call that fits one of them
 (`gate_tools`) and the episode's own tools then hold it to its entry's (`entry_tools`);
@@ -86,7 +94,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from typing import Any
 
@@ -332,6 +340,27 @@ def _spread(tuples: list[tuple[Entry, ...]], uses: Counter[str], most: int = 4) 
     return kept
 
 
+def fewer_functions(entry: Entry, most: int) -> Entry:
+    """`entry` offering at most `most` functions: every function its expected calls name, then
+    others drawn at random (seeded by its id) until there are `most`, in the entry's own
+    order. Only functions no expected call names go, so the answer stays right (an entry
+    whose calls name more than `most` keeps those); one offering `most` or fewer is returned
+    as it is."""
+    if most < 1:
+        raise ConfigError(f"field 'env.max_functions': {most} leaves no function to call; use 1 or more, or leave it unset")
+    if len(entry.functions) <= most:
+        return entry
+    named = {name for call in entry.expected for name in call}
+    kept = [i for i, function in enumerate(entry.functions) if function["name"] in named]
+    others = [i for i in range(len(entry.functions)) if i not in kept]
+    chosen = sorted(kept + random.Random(entry.id).sample(others, max(0, most - len(kept))))
+    return replace(
+        entry,
+        functions=[entry.functions[i] for i in chosen],
+        shown=[entry.shown[i] for i in chosen] if entry.shown is not None else None,
+    )
+
+
 UNANSWERABLE_CATEGORY = "unanswerable"
 
 COMMON_NAME_WORDS = frozenset(
@@ -480,6 +509,9 @@ class BfclEnv:
         composed_style: how they ask their questions: one a line (`lines`), or as one
             paragraph with "First, ... Then, ..." (`prose`, as the held-out parallel entries ask).
         unanswerable: irrelevance entries added to `train` (`unanswerable_entries`), from the kept ones.
+        max_functions: each `train` entry (composed and unanswerable ones included) offers at
+            most this many functions, those it does not call dropped (`fewer_functions`);
+            None offers all. The held-out entries offer 1 to 4; the live ones up to 37.
     """
 
     name = "bfcl"
@@ -504,14 +536,16 @@ class BfclEnv:
         composed_calls: tuple[int, ...] = (2,),
         composed_style: str = "lines",
         unanswerable: int = 0,
+        max_functions: int | None = None,
     ) -> None:
         self.categories = known_categories(categories)
         split = v4_split()
         train = [e for e in split.train if e.category in self.categories]
+        added = composed_entries(train, composed, calls=tuple(composed_calls), style=composed_style) + unanswerable_entries(
+            train, unanswerable
+        )
         self.pools = {
-            "train": train
-            + composed_entries(train, composed, calls=tuple(composed_calls), style=composed_style)
-            + unanswerable_entries(train, unanswerable),
+            "train": [e if max_functions is None else fewer_functions(e, max_functions) for e in train + added],
             "eval": [e for e in split.held_out if e.category in self.categories],
         }
         self.dropped = {i: why for i, why in split.dropped.items() if live_category(i) in self.categories}
