@@ -39,24 +39,38 @@ def difference(runs: dict[str, dict[str, dict]], before: str, after: str, ids: l
     return paired_bootstrap(a, b)
 
 
+def compared(names: list[str], baseline: str | None, pairs: str | None) -> list[tuple[str, str]]:
+    """The (before, after) run pairs to difference: `pairs` as written (BEFORE:AFTER,...), else
+    every run against `baseline`, else each run against the one before it."""
+    if pairs:
+        chosen = [tuple(pair.split(":", 1)) for pair in pairs.split(",")]
+        unknown = sorted({name for pair in chosen for name in pair} - set(names))
+        if unknown or any(len(pair) != 2 for pair in chosen):
+            raise ValueError(f"--pairs {pairs}: write BEFORE:AFTER of run names ({', '.join(names)})"
+                             + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+        return chosen
+    if baseline is not None:
+        if baseline not in names:
+            raise ValueError(f"--baseline {baseline}: no run of that name (runs: {', '.join(names)})")
+        return [(baseline, n) for n in names if n != baseline]
+    return list(zip(names, names[1:]))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="NAME=FILE")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--baseline", help="compare every other run with this one (default: each with the one before)")
-    parser.add_argument("--pairs", help="compare these runs only: BEFORE:AFTER,... (sft:rl,sft:distilled)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--baseline", help="compare every other run with this one (default: each with the one before)")
+    which.add_argument("--pairs", help="compare these runs only: BEFORE:AFTER,... (sft:rl,sft:distilled)")
     args = parser.parse_args(argv)
-    runs = {name: {row["id"]: row for _, row in read_objects(Path(file), ValueError)} for name, file in (r.split("=", 1) for r in args.runs)}
+    files = dict(r.split("=", 1) for r in args.runs)
+    try:
+        pairs = compared(list(files), args.baseline, args.pairs)
+    except ValueError as error:
+        parser.error(str(error))
+    runs = {name: {row["id"]: row for _, row in read_objects(Path(file), ValueError)} for name, file in files.items()}
     result: dict = {"runs": {name: scores(list(rows.values())) for name, rows in runs.items()}, "differences": {}}
-    names = list(runs)
-    if args.baseline is not None and args.baseline not in runs:
-        parser.error(f"--baseline {args.baseline}: no run of that name (runs: {', '.join(names)})")
-    pairs = [(args.baseline, n) for n in names if n != args.baseline] if args.baseline else list(zip(names, names[1:]))
-    if args.pairs:
-        pairs = [tuple(pair.split(":", 1)) for pair in args.pairs.split(",")]
-        unknown = sorted({name for pair in pairs for name in pair} - set(names))
-        if unknown or any(len(pair) != 2 for pair in pairs):
-            parser.error(f"--pairs {args.pairs}: write BEFORE:AFTER of run names ({', '.join(names)})" + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
     for before, after in pairs:
         shared = sorted(set(runs[before]) & set(runs[after]))
         calls = [i for i in shared if runs[after][i]["category"] not in HALLUCINATION]  # they expect no call
