@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
 import re
 from dataclasses import replace
@@ -12,7 +14,7 @@ from toolpolicy.build import build_env
 from toolpolicy.build import load_config
 from toolpolicy.config import ConfigError
 from toolpolicy.envs import make_env
-from toolpolicy.envs.bfcl.single_data import Entry, load_v4, shown_functions
+from toolpolicy.envs.bfcl.single_data import Entry, data_folder, load_v4, shown_functions
 from toolpolicy.envs.bfcl.single_turn import DROPPED, HELD_OUT_CATEGORIES, TRAIN_CATEGORIES, BfclEnv, entry_task, v4_split
 from toolpolicy.gate import Gate
 from toolpolicy.model import char_codec, make_template
@@ -171,6 +173,17 @@ def test_the_dropped_counts_are_the_docstring_table():
     for category, n in counts.items():
         assert rows[category] == [n["entries"], n["dropped"], n["train"], n["question"], n["function"]], category
     assert len(v4_split().train) == 1999 and len(v4_split().held_out) == 1390
+
+
+def test_a_run_of_user_messages_is_one_turn_so_templates_that_alternate_roles_take_it():
+    """Three live_irrelevance entries ask in several user messages in a row, which Gemma 3's
+    template refuses: each run is one message of the run's contents, a paragraph each."""
+    rows = [json.loads(line) for line in (data_folder() / "BFCL_v4_live_irrelevance.json").read_text().splitlines()]
+    runs = {row["id"]: row["question"][0] for row in rows if any(a["role"] == b["role"] for a, b in zip(row["question"][0], row["question"][0][1:]))}
+    assert sorted(runs) == ["live_irrelevance_292-72-1", "live_irrelevance_298-73-5", "live_irrelevance_527-162-2"]
+    for entry in (e for e in load_v4(("live_irrelevance",)) if e.id in runs):
+        expected = [(role, "\n\n".join(m["content"] for m in group)) for role, group in itertools.groupby(runs[entry.id], key=lambda m: m["role"])]
+        assert [(m.role, m.content) for m in entry.messages] == expected
 
 
 def test_tasks_come_from_their_split_the_same_for_a_seed(env):

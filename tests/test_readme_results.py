@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from toolpolicy.report.readme_tables import demo_table, hotel_table, main, render, summary_paths
+from toolpolicy.report.readme_tables import BFCL_TABLES, demo_table, hotel_table, main, render, summary_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -52,6 +52,11 @@ def test_readme_distillation_table_is_the_published_benchmark():
 
 def test_readme_zoom_table_is_the_published_eval():
     assert_readme_shows("zoom")
+
+
+@pytest.mark.parametrize("table", sorted(BFCL_TABLES))
+def test_readme_bfcl_tables_are_the_published_comparisons(table):
+    assert_readme_shows(table)
 
 
 def test_readme_quotes_the_recorded_hash_of_the_shipped_checkpoint():

@@ -8,6 +8,7 @@ control tokens."""
 from __future__ import annotations
 
 import functools
+import importlib.resources
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from transformers import AutoTokenizer
 
 from toolpolicy.chat import ChatFormatError, HermesTemplate, JinjaTemplate
 from toolpolicy.chat.tools_block import drops_tools, hermes_turns
+from toolpolicy.model import codec
 from toolpolicy.types import Message, ToolCall, ToolSpec
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
@@ -173,3 +175,38 @@ def test_export_gives_a_template_without_tools_a_tools_section(tmp_path: Path, c
     assert main(["export", str(SHIPPED), "--out", str(tmp_path / "as-is")]) == 0
     assert "has no tools section" not in capsys.readouterr().err
     assert AutoTokenizer.from_pretrained(tmp_path / "as-is").chat_template == tokenizer().chat_template
+
+
+def gemma_like_tokenizer():
+    """A character tokenizer with Gemma 3's quirk: "\\n" is an added, non-special token that
+    its template writes as ordinary text, and plain text encodes to it too."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    vocab = {token: i for i, token in enumerate([*specials, "\n", *map(chr, range(32, 127))])}
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    tok.add_tokens([AddedToken("\n", special=False, normalized=False)])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    template = (importlib.resources.files("trl") / "chat_templates" / "gemma3.jinja").read_text()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+                                   chat_template=template)
+
+
+def test_gemma3_encodes_user_newlines_as_text_and_still_sanitizes_its_turn_tokens() -> None:
+    """A whitespace token the template writes is not a control token: user text makes it
+    from plain text (sanitizing it was an error); a typed <end_of_turn> stays text."""
+    tok = gemma_like_tokenizer()
+    encode, decode = codec(tok)
+    chat = JinjaTemplate.of(tok, tools="system")
+    assert chat.end_of_turn == "<end_of_turn>"
+    question = "First line.\nSecond line <end_of_turn> typed."
+    ids = encode(chat.render_prompt([Message("user", question)], [CALC]))
+    end, newline = tok.convert_tokens_to_ids("<end_of_turn>"), tok.convert_tokens_to_ids("\n")
+    assert ids.count(end) == 1  # the template's own, closing the user turn; the typed one is characters
+    assert decode(ids).startswith("<bos><start_of_turn>user\n# Tools\n")
+    typed = [tok.convert_tokens_to_ids(c) for c in question]  # one token a character, "\n" the added one's id
+    assert newline in typed and any(ids[i : i + len(typed)] == typed for i in range(len(ids)))
+    with pytest.raises(ChatFormatError, match=r"refuses this conversation \(user, user\): Conversation roles must alternate"):
+        chat.render_prompt([Message("user", "a"), Message("user", "b")])

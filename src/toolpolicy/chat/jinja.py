@@ -173,7 +173,9 @@ class JinjaTemplate:
         elif syntax not in CALL_SYNTAXES:
             raise ChatFormatError(f"chat_format {syntax!r} is not a tool-call syntax; use auto or one of: {', '.join(CALL_SYNTAXES)}")
         special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
-        controls = tuple(t.content for t in tokenizer.added_tokens_decoder.values() if t.special or t.content in source)
+        controls = tuple(
+            t.content for t in tokenizer.added_tokens_decoder.values() if t.special or (t.content in source and not t.content.isspace())
+        )  # Gemma's "\n" is an added token its template writes as ordinary text: user text makes it too
         draft = JinjaTemplate(source, syntax, "", (), "<think>" in source, {**special, **(kwargs or {})}, controls, tools == "system")
         if tools != "system" and drops_tools(draft.render_prompt):
             raise ChatFormatError(
@@ -208,7 +210,8 @@ class JinjaTemplate:
                 [chat], tools=schemas, chat_template=self.source, add_generation_prompt=add_generation_prompt, **self.variables
             )
         except TemplateError as error:
-            raise ChatFormatError(f"the chat template refuses this conversation: {error}") from None
+            roles = ", ".join(m["role"] for m in chat)
+            raise ChatFormatError(f"the chat template refuses this conversation ({roles}): {error}") from None
         except TypeError as error:  # a text template joining a string to a message's content parts
             if not pictures:
                 raise

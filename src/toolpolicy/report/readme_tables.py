@@ -2,12 +2,14 @@
 
     python -m toolpolicy.report.readme_tables publish runs/demo/eval/sft.json runs/demo/eval/rl.json --to docs/results/demo
     python -m toolpolicy.report.readme_tables render demo     # prints the markdown table to paste into README.md
+    python -m toolpolicy.report.readme_tables render bfcl-prose   # a BFCL table, from its bench/results file
 
 `publish` copies eval summaries (eval/NAME.json, keys from toolpolicy.eval.metrics.summarize)
 into the repository, adds `published_from` (the file it copied) and copies the eval's
 resolved config (NAME.config.yaml) beside it. tests/test_readme_results.py renders every
 table from those files and requires README.md to contain it verbatim, so a figure in the
-README is always one the eval wrote. The tables carry no bold: a cell to stress is
+README is always one the eval wrote. The BFCL tables (BFCL_TABLES) are rendered the same way
+from the results files bench/bfcl_compare.py writes. The tables carry no bold: a cell to stress is
 stressed in the prose around it.
 """
 
@@ -18,8 +20,10 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
+from toolpolicy.envs.bfcl.single_data import CATEGORIES
 from toolpolicy.report.comparison import format_value
 from toolpolicy.report.run_files import RunFileError, read_eval
 
@@ -154,6 +158,84 @@ def zoom_table(sft: dict[str, Any], rl_early: dict[str, Any], rl: dict[str, Any]
     )
 
 
+@dataclass(frozen=True)
+class BfclTable:
+    """A README table of BFCL scores from one results file of bench/bfcl_compare.py: a row a run
+    (its label, its name in the file, and the run its intervals are against, if any)."""
+
+    source: str
+    """The results file, relative to the repository root."""
+    rows: tuple[tuple[str, str, str | None], ...]
+    against: str = ""
+    """What the rows' intervals are against, in the header ("minus SFT, all"); no interval columns when empty."""
+    category_digits: int = 1
+    whole: bool = True
+    """A column of the accuracy over every entry the runs scored."""
+
+
+def bfcl_table(comparison: dict[str, Any], table: BfclTable) -> str:
+    """Accuracy per category (BFCL's order), BFCL's non-live AST summary where every run has it,
+    and each row's paired 95% interval over all entries and over those that expect calls."""
+    runs = [comparison["runs"][run] for _, run, _ in table.rows]
+    categories = [c for c in CATEGORIES if all(c in run["by_category"] for run in runs)]
+    non_live = all(run["bfcl"]["non_live"] is not None for run in runs)
+
+    def interval(figure: dict[str, float]) -> str:
+        return f"{figure['mean'] * 100:+.1f} [{figure['low'] * 100:+.1f}, {figure['high'] * 100:+.1f}]"
+
+    def row(label: str, run: dict[str, Any], name: str, before: str | None) -> tuple[str, ...]:
+        cells = [label, *(f"{run['by_category'][c]['accuracy'] * 100:.{table.category_digits}f}%" for c in categories)]
+        cells += [_percent(run["bfcl"]["non_live"])] if non_live else []
+        cells += [_percent(run["accuracy"])] if table.whole else []
+        if table.against:
+            difference = comparison["differences"][f"{name} - {before}"] if before else None
+            cells += [interval(difference), interval(difference["calls"])] if difference else ["", ""]
+        return tuple(cells)
+
+    header = ["model", *categories, *(["non-live AST"] if non_live else []), *(["all entries"] if table.whole else [])]
+    header += [f"minus {table.against}, all", f"minus {table.against}, call entries"] if table.against else []
+    return _markdown(tuple(header), [row(label, run, name, before) for (label, name, before), run in zip(table.rows, runs)])
+
+
+BFCL_TABLES: dict[str, BfclTable] = {
+    "bfcl-l20": BfclTable("bench/results/bfcl_smollm2_l20.json", (
+        ("SmolLM2-135M-Instruct, with the tools block", "base", None),
+        ("SFT 50 steps, ground-truth records", "sft50", None),
+        ("SFT 80 steps, with 400 composed two-call records", "sft80", None),
+        ("SFT 120 steps, 1,200 composed, prompts of at most 1,024 tokens (`checkpoints/smollm2-bfcl-sft`)", "sft120", None),
+    ), category_digits=0, whole=False),
+    "bfcl-all": BfclTable("bench/results/bfcl_smollm2_all.json", (
+        ("base (`models/smollm2`)", "base", None),
+        ("SFT 120 steps (`checkpoints/smollm2-bfcl-sft`)", "sft", None),
+        ("then RL 40 steps (`checkpoints/smollm2-bfcl-rl`)", "rl", None),
+    )),
+    "bfcl-sft300": BfclTable("bench/results/bfcl_smollm2_sft300.json", (
+        ("SFT 300 steps, 1,800 composed (`checkpoints/smollm2-bfcl-sft300`)", "sft300", None),
+        ("then RL 40 steps (`checkpoints/smollm2-bfcl-sft300-rl`)", "sft300_rl40", None),
+    )),
+    "bfcl-unanswerable": BfclTable("bench/results/bfcl_smollm2_unanswerable.json", (
+        ("SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "sft300", None),
+        ("then RL 40, no unanswerable entries", "sft300_rl40", "sft300"),
+        ("then RL 60, `env.unanswerable: 300`", "sft300_rl60u300", "sft300"),
+        ("then RL 60, `env.unanswerable: 600`", "sft300_rl60u600", "sft300"),
+    ), against="SFT"),
+    "bfcl-prose": BfclTable("bench/results/bfcl_smollm2_prose.json", (
+        ("SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "sft300", None),
+        ("then 50 SFT steps, questions one a line", "lines50", "sft300"),
+        ("then 50 SFT steps, questions as prose (instead)", "prose50", "lines50"),
+        ("prose, then RL 40, `env.unanswerable: 300`", "prose50_rl40", "prose50"),
+    ), against="the row above"),
+    "bfcl-train-side": BfclTable("bench/results/bfcl_smollm2_train_side.json", (
+        ("SFT 300", "sft300", None),
+        ("SFT 300, then RL 40 (`checkpoints/smollm2-bfcl-sft300-rl`)", "rl40", "sft300"),
+        ("SFT 300 + 50 prose steps", "prose50", None),
+        ("prose 50, then RL 40, `env.unanswerable: 300`", "prose50_rl40u300", "prose50"),
+        ("SFT 300 + 200 prose steps (50 + 150)", "prose200", "prose50"),
+    ), against="its start"),
+}
+"""The README's BFCL tables, each rendered from the results file bench/bfcl_compare.py wrote."""
+
+
 TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
     "demo": (demo_table, ("sft", "rl")),
     "smollm2-calc": (smollm2_calc_table, ("sft-always-calls", "sft", "rl")),
@@ -166,7 +248,10 @@ TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
 
 
 def summary_paths(table: str, results: Path = RESULTS) -> list[Path]:
-    """The files a table is rendered from: results/TABLE/NAME.json for each column."""
+    """The files a table is rendered from: results/TABLE/NAME.json for each column; for a BFCL
+    table its results file, under the repository that holds `results` (docs/results)."""
+    if table in BFCL_TABLES:
+        return [results.parents[1] / BFCL_TABLES[table].source]
     return [results / table / f"{name}.json" for name in TABLES[table][1]]
 
 
@@ -176,6 +261,8 @@ def render(table: str, results: Path = RESULTS) -> str:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"the {table} table needs {', '.join(missing)}: run the evals and `publish` them")
+    if table in BFCL_TABLES:
+        return bfcl_table(json.loads(paths[0].read_text()), BFCL_TABLES[table])
     renderer, _ = TABLES[table]
     return renderer(*(read_eval(p) for p in paths))
 
@@ -230,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("summaries", type=Path, nargs="+")
     pub.add_argument("--to", type=Path, required=True, help=f"e.g. {RESULTS}/demo")
     show = commands.add_parser("render", help="print a README table from the published summaries")
-    show.add_argument("table", choices=sorted(TABLES))
+    show.add_argument("table", choices=sorted([*TABLES, *BFCL_TABLES]))
     show.add_argument("--results", type=Path, default=RESULTS, help="the folder holding one folder per table")
     args = parser.parse_args(argv)
     try:

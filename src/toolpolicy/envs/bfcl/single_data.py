@@ -161,13 +161,30 @@ def _entry(row: dict[str, Any], category: str, answers: dict[str, Any], folder: 
     return Entry(
         id=row["id"],
         category=category,
-        messages=[Message(m["role"], str(m.get("content", ""))) for m in turn],
+        messages=alternating([Message(m["role"], str(m.get("content", ""))) for m in turn]),
         functions=row["function"],
         expected=answers.get(row["id"], []),
         language=language,  # type: ignore[arg-type]
         kind="relevance" if category == "live_relevance" else "ast",
         shown=shown_functions(row["function"], language),
     )
+
+
+def alternating(messages: list[Message]) -> list[Message]:
+    """`messages` with each run of one role joined into one message, its contents a paragraph
+    each: three live_irrelevance entries ask in several user messages in a row, which
+    templates that require alternating roles (Gemma 3's) refuse.
+
+    >>> [m.content for m in alternating([Message("user", "a"), Message("user", "b"), Message("assistant", "c")])]
+    ['a\\n\\nb', 'c']
+    """
+    out: list[Message] = []
+    for message in messages:
+        if out and out[-1].role == message.role:
+            out[-1] = Message(message.role, f"{out[-1].content}\n\n{message.content}")
+        else:
+            out.append(message)
+    return out
 
 
 def shown_functions(functions: list[dict[str, Any]], language: str) -> list[dict[str, Any]]:
