@@ -232,6 +232,10 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("prose 50, then RL 40, `env.unanswerable: 300`", "prose50_rl40u300", "prose50"),
         ("SFT 300 + 200 prose steps (50 + 150)", "prose200", "prose50"),
     ), against="its start"),
+    "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
+        ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
+        ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
+    ), against="SmolLM2"),
 }
 """The README's BFCL tables, each rendered from the results file bench/bfcl_compare.py wrote."""
 
