@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from toolpolicy.report.readme_tables import BFCL_TABLES, demo_table, hotel_table, main, render, summary_paths
+from toolpolicy.report.readme_tables import BFCL_TABLES, BfclTable, bfcl_table, demo_table, hotel_table, main, render, summary_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -154,3 +154,22 @@ def test_publish_then_render(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("| held-out | SFT (before) | RL (after) | change |\n")
     assert "| tool calls / episode, easy (all needless) | 0.50 | 0.25 | -50% |" in out
+
+
+def test_bfcl_table_rows_intervals_and_an_unknown_run():
+    def run(accuracy, python, irrelevance, non_live):
+        return {"accuracy": accuracy, "bfcl": {"non_live": non_live},
+                "by_category": {"irrelevance": {"accuracy": irrelevance}, "simple_python": {"accuracy": python}}}
+
+    comparison = {"runs": {"a": run(0.5, 0.25, 1.0, 0.0625), "b": run(0.625, 0.5, 0.75, 0.125)},
+                  "differences": {"b - a": {"mean": 0.125, "low": -0.01, "high": 0.26, "calls": {"mean": 0.25, "low": 0.1, "high": 0.4}}}}
+    table = BfclTable("x.json", (("first", "a", None), ("second", "b", "a")), against="the first")
+    assert bfcl_table(comparison, table).splitlines() == [
+        "| model | simple_python | irrelevance | non-live AST | all entries | minus the first, all | minus the first, call entries |",
+        "|---|---|---|---|---|---|---|",
+        "| first | 25.0% | 100.0% | 6.2% | 50.0% | | |",
+        "| second | 50.0% | 75.0% | 12.5% | 62.5% | +12.5 [-1.0, +26.0] | +25.0 [+10.0, +40.0] |",
+    ]
+    assert bfcl_table(comparison, BfclTable("x.json", (("a", "a", None),), category_digits=0, whole=False)).splitlines()[2] == "| a | 25% | 100% | 6.2% |"
+    with pytest.raises(ValueError, match=r"x.json has no run c \(its runs: a, b\)"):
+        bfcl_table(comparison, BfclTable("x.json", (("c", "c", "a"),)))

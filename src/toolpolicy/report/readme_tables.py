@@ -19,8 +19,8 @@ import argparse
 import json
 import shutil
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from toolpolicy.envs.bfcl.single_data import CATEGORIES
@@ -176,6 +176,9 @@ class BfclTable:
 def bfcl_table(comparison: dict[str, Any], table: BfclTable) -> str:
     """Accuracy per category (BFCL's order), BFCL's non-live AST summary where every run has it,
     and each row's paired 95% interval over all entries and over those that expect calls."""
+    unknown = sorted({name for _, *names in table.rows for name in names if name} - set(comparison["runs"]))
+    if unknown:
+        raise ValueError(f"{table.source} has no run {', '.join(unknown)} (its runs: {', '.join(comparison['runs'])})")
     runs = [comparison["runs"][run] for _, run, _ in table.rows]
     categories = [c for c in CATEGORIES if all(c in run["by_category"] for run in runs)]
     non_live = all(run["bfcl"]["non_live"] is not None for run in runs)
