@@ -39,6 +39,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolpolicy.model.gguf import trl_template
+
 FAMILIES = ("qwen2.5", "qwen3", "llama3.1", "mistral")
 
 # Llama-3's pre-tokenizer regex (Meta's tokenizer.py, also TikTokenConverter's default):
@@ -113,10 +115,6 @@ SPECS = {
 
 
 # --------------------------------------------------------------------------- package artefacts
-
-
-def _trl_template(name: str) -> str:
-    return (importlib.resources.files("trl") / "chat_templates" / name).read_text(encoding="utf-8")
 
 
 def _tekken_path() -> Path:
@@ -203,7 +201,7 @@ def chat_template(family: str) -> str:
             reasoning_effort_values=None,
             reasoning_effort_default=None,
         )
-    return _trl_template({"qwen2.5": "qwen2_5.jinja", "qwen3": "qwen3.jinja", "llama3.1": "llama3_1.jinja"}[family])
+    return trl_template({"qwen2.5": "qwen2_5.jinja", "qwen3": "qwen3.jinja", "llama3.1": "llama3_1.jinja"}[family])
 
 
 # --------------------------------------------------------------------------- HF tokenizer

@@ -10,7 +10,6 @@ encoder). Where a template re-renders history, `prefix_problems` must say so.
 
 from __future__ import annotations
 
-import importlib.resources
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from toolpolicy.chat import JinjaTemplate
 from toolpolicy.chat.jinja import openai_messages
 from toolpolicy.cli import main
 from toolpolicy.model import ChatChoice, PolicyModel
+from toolpolicy.model.gguf import trl_template
 from toolpolicy.types import Message, ToolCall, ToolSpec
 
 from families import FAMILIES, fragment_ids, mistral_reference_ids
@@ -99,7 +99,7 @@ def test_engine_ids_equal_the_reference_renderer(family: str, family_policy) -> 
 def test_qwen3_training_template_preserves_every_prefix(family_checkpoint) -> None:
     """trl's qwen3_training.jinja keeps every <think> block: prefix-preserving, and its
     rendering equals the engine's ids on every shape."""
-    source = (importlib.resources.files("trl") / "chat_templates" / "qwen3_training.jinja").read_text()
+    source = trl_template("qwen3_training.jinja")
     path = family_checkpoint("qwen3")
     template_file = path.parent / "qwen3_training.jinja"
     template_file.write_text(source)
@@ -232,7 +232,7 @@ def test_a_template_without_a_known_call_syntax_says_how_to_name_it(tmp_path: Pa
 
     shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
     tokenizer = AutoTokenizer.from_pretrained(shipped)
-    phi3 = (importlib.resources.files("trl") / "chat_templates" / "phi3.jinja").read_text()
+    phi3 = trl_template("phi3.jinja")
     with pytest.raises(ChatFormatError, match="set chat_format to one of: hermes, llama3_json, mistral"):
         JinjaTemplate.of(tokenizer, source=phi3)
     with pytest.raises(ChatFormatError, match="chat_tools: system"):  # phi3's template has no tools section either

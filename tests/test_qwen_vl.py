@@ -11,7 +11,6 @@ engine's fragments tokenized one by one, `QwenVision.pixels` and `mrope_position
 from __future__ import annotations
 
 import doctest
-import importlib.resources
 import re
 from dataclasses import replace
 
@@ -28,12 +27,13 @@ from toolpolicy.chat.images import IMAGE_PAD, image_runs
 from toolpolicy.chat.tools_block import tools_block
 from toolpolicy.model import codec
 from toolpolicy.model.qwen_vl import QwenVision, mrope_positions
+from toolpolicy.model.gguf import trl_template
 from toolpolicy.tools.images import png
 from toolpolicy.types import Image, Message, ToolCall, ToolSpec
 
 from families import build_tokenizer, chat_template, fragment_ids
 
-VL_TEMPLATE = (importlib.resources.files("trl") / "chat_templates" / "qwen2_5_vl.jinja").read_text(encoding="utf-8")
+VL_TEMPLATE = trl_template("qwen2_5_vl.jinja")
 ZOOM = ToolSpec("zoom", "Look closer at a region.", {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})
 CALL = ToolCall("zoom", {"x": 3}, "abcdef123")
 

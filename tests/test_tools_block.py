@@ -8,7 +8,6 @@ control tokens."""
 from __future__ import annotations
 
 import functools
-import importlib.resources
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from transformers import AutoTokenizer
 from toolpolicy.chat import ChatFormatError, HermesTemplate, JinjaTemplate
 from toolpolicy.chat.tools_block import drops_tools, hermes_turns
 from toolpolicy.model import codec
+from toolpolicy.model.gguf import trl_template
 from toolpolicy.types import Message, ToolCall, ToolSpec
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
@@ -189,9 +189,8 @@ def gemma_like_tokenizer():
     tok.decoder = decoders.Fuse()
     tok.add_tokens([AddedToken("\n", special=False, normalized=False)])
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    template = (importlib.resources.files("trl") / "chat_templates" / "gemma3.jinja").read_text()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
-                                   chat_template=template)
+                                   chat_template=trl_template("gemma3.jinja"))
 
 
 def test_gemma3_encodes_user_newlines_as_text_and_still_sanitizes_its_turn_tokens() -> None:
