@@ -15,9 +15,10 @@ its output exists, so a stopped run picks up where it was:
 4. distill: the same RL from the same student with `algorithm.teacher` (the teacher's
    per-token reverse-KL advantage alone), a checkpoint every `--every` steps.
 5. distill_full: the same with `algorithm.teacher_loss: full` (the exact reverse KL over the
-   vocabulary at each sampled position, in the loss).
-6. the same three with four optimizer steps per rollout batch (`algorithm.mini_batches: 4`):
-   grpo_mb4, distill_mb4, distill_full_mb4. `--arms` runs only the named ones.
+   vocabulary at each sampled position, in the loss); distill_forward: with
+   `algorithm.teacher_loss: forward` (the forward KL there instead).
+6. the same four with four optimizer steps per rollout batch (`algorithm.mini_batches: 4`):
+   grpo_mb4, distill_mb4, distill_full_mb4, distill_forward_mb4. `--arms` runs only the named ones.
 7. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
    model) of the teacher, the student and every checkpoint.
 
@@ -56,6 +57,7 @@ WITHIN = 0.02
 DISTILLATIONS = {
     "distill": {"algorithm.teacher_alone": True},
     "distill_full": {"algorithm.teacher_alone": True, "algorithm.teacher_loss": "full"},
+    "distill_forward": {"algorithm.teacher_alone": True, "algorithm.teacher_loss": "forward"},
 }
 MINI_BATCHES = 4
 """The second arm of each method: this many optimizer steps per rollout batch (named NAME_mb4; `--mini-batches`)."""
@@ -123,7 +125,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--every", type=int, default=EVERY, help="steps between evaluated checkpoints")
-    parser.add_argument("--arms", nargs="+", help="run only these arms (default: all six)")
+    parser.add_argument("--arms", nargs="+", help="run only these arms (default: all eight)")
     parser.add_argument("--mini-batches", type=int, default=MINI_BATCHES, help="optimizer steps a batch of the second arms")
     parser.add_argument("--lr", type=float, help="every arm's learning rate (default: demo.yaml's); runs named NAME-lrLR")
     args = parser.parse_args()

@@ -1,9 +1,10 @@
 """Rollout methods against GRPO: fission, entropy-guided branching, success replay and on-policy distillation, several seeds.
 
     .venv/bin/python bench/methods.py --env calc [--seeds 0 1 2] [--steps N] [--threads 2]
-        [--methods grpo fission entropy replay distill distill_full] [--work runs/methods-calc]
+        [--methods grpo fission entropy replay distill distill_full distill_forward] [--work runs/methods-calc]
         [--out docs/results/methods/calc.json]
     .venv/bin/python bench/methods.py --env hotel ...
+    .venv/bin/python bench/methods.py --env bfcl --methods grpo replay --steps 15   # SmolLM2 on BFCL v4
 
 Every run is RL from the environment's shipped SFT checkpoint with its config (ENVS), the same
 seeds, steps and task pool (`rl.task_pool`, so that replay has tasks that come back), and
@@ -16,13 +17,14 @@ in the file, and a branching method is compared at no more tokens than GRPO's; w
 GRPO's mean tokens (arm fission@tokens). Wall time is the sum of the steps' `time/step`.
 
 The distillation methods (`distill`: the teacher's per-token reverse-KL advantage alone;
-`distill_full`: the exact reverse KL over the vocabulary in the loss) sample GRPO's episodes
+`distill_full`: the exact reverse KL over the vocabulary in the loss; `distill_forward`: the forward KL there) sample GRPO's episodes
 and need a teacher of the same vocabulary: the environment's TEACHER run, RL from the same
 start for more steps and more groups a step (trained once in WORK/teacher, its held-out
 accuracy and minutes in the file): its compute comes on top of the method's own.
 
 Held-out accuracy: the environment's EVAL tasks x samples of each final model, the same
-tasks for every run; the mean over seeds with a 95% t interval, and each method's paired
+tasks for every run (bfcl: the first BFCL_LIMIT entries of each held-out category, greedy,
+the official checker's verdict; RL from the SFT 300 adapter as examples/smollm2/bfcl.yaml says); the mean over seeds with a 95% t interval, and each method's paired
 difference to GRPO over seeds (same seed, same task draws) with its interval. Runs and
 evaluations already done are not run again.
 """
@@ -30,12 +32,13 @@ evaluations already done are not run again.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-from distill_calc import ROOT, TEACHER_STEPS, accuracy, rl_rows, rl_run  # bench/ is on the path of a script run from it
+from distill_calc import ROOT, TEACHER_STEPS, accuracy, rl_rows, rl_run, toolpolicy  # bench/ is on the path of a script run from it
 from seed_interval import interval
 from result_file import write_result
 
@@ -45,7 +48,14 @@ ENVS: dict[str, dict[str, Any]] = {
              "steps": 60, "eval": (300, 2)},
     "hotel": {"config": CONFIGS / "ablation_hotel.yaml", "start": ROOT / "checkpoints" / "hotel-sft-breaks20", "prompts": 4,
               "pool": 24, "steps": 30, "eval": (30, 4)},
+    "bfcl": {"config": ROOT / "examples" / "smollm2" / "bfcl.yaml", "start": ROOT / "checkpoints" / "smollm2-bfcl-sft300",
+             "prompts": 8, "pool": 40, "steps": 15, "eval": (0, 1), "settings": {"optim.micro_batch_tokens": 4096}},
 }  # fmt: skip
+"""Each environment's config, start, episodes' groups a step, task pool, steps, held-out (tasks, samples) and
+extra settings of every run (bfcl: as the config's RL command; its held-out set is BFCL_HELD_OUT)."""
+BFCL_HELD_OUT = "simple_python,simple_java,simple_javascript,multiple,parallel,parallel_multiple,irrelevance"
+BFCL_LIMIT = 40
+"""bfcl: the held-out entries scored, the first this many of each BFCL_HELD_OUT category (280 of 1,390)."""
 TEACHER: dict[str, dict[str, Any]] = {
     "calc": {"rl.steps": TEACHER_STEPS},  # distill_calc's teacher
     "hotel": {"rl.steps": 160, "rl.prompts_per_step": 8, "algorithm.beta": 0.04, "algorithm.mini_batches": 4},
@@ -53,6 +63,17 @@ TEACHER: dict[str, dict[str, Any]] = {
 """The teacher of the distillation methods: RL from the environment's start with these settings
 (hotel: twice the groups a step, four optimizer steps a batch and hotel.yaml's KL to the start)."""
 BRANCH_GROUPS = 2
+
+
+def bfcl_accuracy(work: Path, name: str, checkpoint: Path, threads: int, config: Path) -> float:
+    """The share of BFCL_LIMIT entries of each held-out category `checkpoint` answers right
+    (`toolpolicy eval --bfcl v4`; cached in WORK/eval/NAME)."""
+    run_dir = work / "eval" / name
+    summary = run_dir / "eval" / "bfcl_v4.json"
+    if not summary.exists():
+        extra = ("--bfcl", "v4", "--categories", BFCL_HELD_OUT, "--limit", str(BFCL_LIMIT))
+        toolpolicy("eval", run_dir, {"eval.checkpoint": checkpoint}, threads, *extra, config=config)
+    return float(json.loads(summary.read_text())["accuracy"])
 
 
 def methods(prompts: int, teacher: Path | None) -> dict[str, dict[str, Any]]:
@@ -66,6 +87,7 @@ def methods(prompts: int, teacher: Path | None) -> dict[str, dict[str, Any]]:
         "replay": {"rl.prompts_per_step": prompts, "algorithm.replay": True},
         "distill": distilled,
         "distill_full": {**distilled, "algorithm.teacher_loss": "full"},
+        "distill_forward": {**distilled, "algorithm.teacher_loss": "forward"},
     }
 
 
@@ -90,10 +112,15 @@ def main() -> None:
     steps = args.steps or env["steps"]
 
     def held_out(name: str, checkpoint: Path) -> float:
+        if args.env == "bfcl":
+            return bfcl_accuracy(work, name, checkpoint, args.threads, env["config"])
         return accuracy(work, name, checkpoint, {}, args.threads, env["config"], tasks, samples)
 
     teacher, teacher_figures = None, None
-    if any(method.startswith("distill") for method in args.methods):
+    distilled = any(method.startswith("distill") for method in args.methods)
+    if distilled and args.env not in TEACHER:
+        parser.error(f"--env {args.env} has no teacher for the distillation methods (TEACHER holds {', '.join(TEACHER)})")
+    if distilled:
         teacher_steps = TEACHER[args.env]["rl.steps"]  # one checkpoint, at the end: only the final model teaches
         teacher_run = rl_run(work, "teacher", env["start"], teacher_steps, TEACHER[args.env], args.threads, env["config"], every=teacher_steps)
         teacher = work / "teacher" / "rl" / "final"
@@ -113,7 +140,7 @@ def main() -> None:
         steps_of[arm] = arm_steps
         for seed in args.seeds:
             name = f"{arm.replace('@', '-')}-seed{seed}"
-            settings = {"run.seed": seed, "rl.task_pool": env["pool"], **table[method]}
+            settings = {"run.seed": seed, "rl.task_pool": env["pool"], **env.get("settings", {}), **table[method]}
             run = rl_run(work, name, env["start"], arm_steps, settings, args.threads, env["config"])
             run["held_out"] = held_out(name, work / name / "rl" / "final")
             rows = rl_rows(work / name)
@@ -140,7 +167,9 @@ def main() -> None:
         "env": args.env, "config": str(env["config"].relative_to(ROOT)), "start": str(env["start"].relative_to(ROOT)),
         "start_held_out": start_accuracy, "teacher": teacher_figures,
         "steps": steps, "task_pool": env["pool"], "episodes_per_step": env["prompts"],
-        "branch_groups": BRANCH_GROUPS, "eval": {"tasks": tasks, "samples": samples}, "seeds": args.seeds,
+        "branch_groups": BRANCH_GROUPS, "seeds": args.seeds,
+        "eval": {"categories": BFCL_HELD_OUT, "per_category": BFCL_LIMIT} if args.env == "bfcl" else {"tasks": tasks, "samples": samples},
+        "settings": env.get("settings", {}),
         "methods": {method: {k: str(v) if isinstance(v, Path) else v for k, v in table[method].items()} for method in args.methods}, "steps_of": steps_of, "summary": summary, "runs": runs,
     })
     for method, figures in summary.items():

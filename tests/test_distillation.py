@@ -15,6 +15,7 @@ from toolpolicy.cli import main
 from toolpolicy.config import ConfigError
 from toolpolicy.rollout import Trajectory
 from toolpolicy.algorithms.correction import Correction
+from toolpolicy.algorithms.distill import DIVERGENCES
 from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, collate
 from toolpolicy.trainer.credit import OutcomeCredit
 from toolpolicy.trainer.rl import algorithm_of, policy_update
@@ -92,7 +93,7 @@ def test_a_teacher_with_another_vocabulary_is_refused() -> None:
         load_config(SMOKE, ["algorithm.teacher_alone=true"])
 
 
-@pytest.mark.parametrize("loss", ["sampled", "full"])
+@pytest.mark.parametrize("loss", ["sampled", "full", "forward"])
 def test_rl_distils_from_a_teacher_and_the_student_as_its_own_teacher_is_zero(tmp_path: Path, loss: str) -> None:
     """A student that is its own teacher: every sampled token's teacher log-prob is its own
     (the hf backend's log-probs are the trainer's numbers, to float32 rounding), so the
@@ -106,9 +107,10 @@ def test_rl_distils_from_a_teacher_and_the_student_as_its_own_teacher_is_zero(tm
     assert main(args) == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert abs(rows[0]["distill/reverse_kl"]) < 1e-5 and abs(rows[0]["loss"]) < 1e-5, rows[0]
+    kl = "distill/forward_kl" if loss == "forward" else "distill/reverse_kl"
+    assert abs(rows[0][kl]) < 1e-5 and abs(rows[0]["loss"]) < 1e-5, rows[0]
     assert all(r["tokens/teacher"] > 0 for r in rows), rows
-    if loss == "full":  # the policy's forward that gives the KL runs on whole sequences, as the teacher's
+    if loss != "sampled":  # the policy's forward that gives the KL runs on whole sequences, as the teacher's
         assert all(r["tokens/update"] == r["tokens/teacher"] for r in rows), rows
     assert all(r["kept_groups"] == r["signal_groups"] == load_config(SMOKE).rl.prompts_per_step for r in rows)
 
@@ -122,21 +124,25 @@ def _trajectories(vocab: int, rows: int, generator: torch.Generator) -> list[Tra
     return trajectories
 
 
-def _vocabulary_kl_by_hand(student: torch.nn.Module, teacher: torch.nn.Module, trajectory: Trajectory, temperature: float) -> torch.Tensor:
-    """KL(student || teacher) over the whole vocabulary at each sampled position, from both
-    models' plain logits at the temperature, in float64, with the student's gradient.   [n]"""
+def _vocabulary_kl_by_hand(
+    student: torch.nn.Module, teacher: torch.nn.Module, trajectory: Trajectory, temperature: float, forward: bool
+) -> torch.Tensor:
+    """KL(student || teacher) (or, `forward`, KL(teacher || student)) over the whole vocabulary
+    at each sampled position, from both models' plain logits at the temperature, in float64,
+    with the student's gradient.   [n]"""
     ids = torch.tensor([trajectory.token_ids])
     sampled = torch.tensor(trajectory.loss_mask[1:]).bool()  # position t predicts token t+1
     s = torch.log_softmax(student(input_ids=ids).logits[0, :-1][sampled].double() / temperature, -1)
     with torch.no_grad():
         t = torch.log_softmax(teacher(input_ids=ids).logits[0, :-1][sampled].double() / temperature, -1)
-    return (s.exp() * (s - t)).sum(-1)
+    return (t.exp() * (t - s)).sum(-1) if forward else (s.exp() * (s - t)).sum(-1)
 
 
-def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand() -> None:
-    """algorithm.teacher_loss full with no task advantage: the loss is coef x the mean over
-    sampled tokens of the reverse KL over the vocabulary, and its gradient is that of the
-    same sum taken from both models' plain logits; a student that is its own teacher gets 0."""
+@pytest.mark.parametrize("loss", ["full", "forward"])
+def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand(loss: str) -> None:
+    """algorithm.teacher_loss full (forward) with no task advantage: the loss is coef x the mean
+    over sampled tokens of the reverse (forward) KL over the vocabulary, and its gradient is that
+    of the same sum taken from both models' plain logits; a student that is its own teacher gets 0."""
     config = load_config(SMOKE)
     teacher = load_policy_model(config.model, CALC_SFT).model.eval()
     student = load_policy_model(config.model, CALC_SFT).model
@@ -151,7 +157,7 @@ def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand() -
 
     def update(distilled_from: torch.nn.Module) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         student.zero_grad(set_to_none=True)
-        distill = Distill(FullTeacher(distilled_from).logprobs_and_kl, coef)
+        distill = Distill(FullTeacher(distilled_from, DIVERGENCES[loss]).logprobs_and_kl, coef)
         sums, _ = policy_update(
             student, None, batch, torch.zeros(len(trajectories)), algorithm, Correction.named("none", 2.0), FULL_SEQUENCES,
             temperature, micro_batch_size=3, distill=distill,  # two micro-batches: their shares add up
@@ -160,7 +166,7 @@ def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand() -
 
     sums, grads = update(teacher)
     student.zero_grad(set_to_none=True)
-    kl = torch.cat([_vocabulary_kl_by_hand(student, teacher, t, temperature) for t in trajectories])
+    kl = torch.cat([_vocabulary_kl_by_hand(student, teacher, t, temperature, loss == "forward") for t in trajectories])
     by_hand = coef * kl.sum() / len(kl)
     by_hand.backward()
     assert sums["trained_tokens"] == len(kl) and float(kl.detach().min()) > 1e-3
@@ -175,6 +181,7 @@ def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand() -
     assert abs(sums["distill/kl"]) < 1e-4 and all(float(g.abs().max()) < 1e-5 for g in grads.values())
 
 
-def test_the_full_teacher_loss_needs_a_teacher() -> None:
-    with pytest.raises(ConfigError, match="algorithm.teacher_loss full needs algorithm.teacher"):
-        load_config(SMOKE, ["algorithm.teacher_loss=full"])
+@pytest.mark.parametrize("loss", ["full", "forward"])
+def test_the_full_teacher_loss_needs_a_teacher(loss: str) -> None:
+    with pytest.raises(ConfigError, match=f"algorithm.teacher_loss {loss} needs algorithm.teacher"):
+        load_config(SMOKE, [f"algorithm.teacher_loss={loss}"])

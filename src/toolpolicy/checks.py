@@ -276,8 +276,11 @@ def _rule_problems(cfg: Config) -> list[str]:
         )
     if cfg.algorithm.teacher_alone and not cfg.algorithm.teacher:
         problems.append("algorithm.teacher_alone needs algorithm.teacher: the checkpoint whose log-probs the student distils")
-    if cfg.algorithm.teacher_loss == "full" and not cfg.algorithm.teacher:
-        problems.append("algorithm.teacher_loss full needs algorithm.teacher: the checkpoint whose distribution the student distils")
+    if cfg.algorithm.teacher_loss != "sampled" and not cfg.algorithm.teacher:
+        problems.append(
+            f"algorithm.teacher_loss {cfg.algorithm.teacher_loss} needs algorithm.teacher: "
+            "the checkpoint whose distribution the student distils"
+        )
     if cfg.model.shard_offload and cfg.model.sharing != "shard":
         problems.append("model.shard_offload keeps the shards of model.sharing: shard in CPU memory; set model.sharing: shard")
     if cfg.eval.served_url and not cfg.eval.served_model:

@@ -421,13 +421,15 @@ class AlgorithmSection(Section):
     that scores every sampled token; each token's advantage gains teacher_coef x (its teacher
     log-prob - its sampled log-prob), the per-token reverse KL's policy gradient
     (toolpolicy.algorithms.distill). Empty: no teacher."""
-    teacher_loss: Literal["sampled", "full"] = "sampled"
+    teacher_loss: Literal["sampled", "full", "forward"] = "sampled"
     """How the teacher speaks: sampled puts its per-token reverse-KL advantage on each sampled
     token (one number a token); full adds to the loss, at each sampled position, the exact
     reverse KL(student || teacher) over the whole vocabulary (GKD's on-policy loss: every
-    token the student might have written there is pulled toward the teacher's probability)."""
+    token the student might have written there is pulled toward the teacher's probability);
+    forward adds the forward KL(teacher || student) there instead (GKD's forward divergence:
+    the teacher's distribution as soft targets on the student's own prefixes)."""
     teacher_coef: float = Field(1.0, gt=0)
-    """Weight of the teacher's per-token advantage (sampled) or of its KL in the loss (full)."""
+    """Weight of the teacher's per-token advantage (sampled) or of its KL in the loss (full, forward)."""
     teacher_alone: bool = False
     """Distil only: the task advantages are left out (the rewards stay as metrics), and every
     group trains, since each carries the teacher's signal."""

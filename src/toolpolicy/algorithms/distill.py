@@ -19,7 +19,15 @@ position, the exact reverse KL over the whole vocabulary,
 
 whose gradient carries the teacher's opinion of every token the student might have written
 there, not only of the one it wrote: GKD's on-policy objective with the reverse divergence,
-with no sampling noise at the position itself.
+with no sampling noise at the position itself. `algorithm.teacher_loss: forward` puts the
+forward divergence there instead,
+
+    KL_t = sum_v p_teacher(v | x_<t) (log p_teacher(v | x_<t) - log p_student(v | x_<t)),
+
+the cross-entropy to the teacher's distribution up to its entropy, on the student's own
+prefixes (GKD's on-policy objective with the forward divergence): mass-covering where the
+reverse form is mode-seeking, and its gradient on the logits, p_student - p_teacher, does not
+fade where the student gives the teacher's tokens little probability.
 """
 
 from __future__ import annotations
@@ -71,13 +79,32 @@ def reverse_kl_from_logits(student_logits: Tensor, teacher_logits: Tensor) -> Te
     return torch.where(student.isneginf(), 0.0, student.exp() * (student - teacher)).sum(dim=-1)  # [N]
 
 
+def forward_kl_from_logits(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """KL(teacher || student) over the vocabulary at each position, in float32.   [N, V], [N, V] -> [N]
+
+    A token the teacher cannot write (logit -inf, p = 0) adds 0, whatever the student says.
+
+    >>> import math, torch
+    >>> student = torch.tensor([[0.0, math.log(3.0)], [0.0, 5.0]])
+    >>> teacher = torch.tensor([[0.0, 0.0], [0.0, float("-inf")]])
+    >>> [round(v, 4) for v in forward_kl_from_logits(student, teacher).tolist()]  # 0.5 log 2 + 0.5 log(2/3); log(1 + e^5)
+    [0.1438, 5.0067]
+    """
+    return reverse_kl_from_logits(teacher_logits, student_logits)
+
+
+Divergence = Callable[[Tensor, Tensor], Tensor]
+"""The divergence of (student logits, teacher logits) at each position.   [N, V], [N, V] -> [N]"""
+DIVERGENCES: dict[str, Divergence] = {"full": reverse_kl_from_logits, "forward": forward_kl_from_logits}
+"""algorithm.teacher_loss -> the divergence over the vocabulary it puts in the loss."""
 Head = Callable[[Tensor], Tensor]
 
 
-def chunked_reverse_kl(
-    states: Tensor, head: Head, teacher_states: Tensor, teacher_head: Head, chunk: int, temperature: float = 1.0
+def chunked_divergence(
+    states: Tensor, head: Head, teacher_states: Tensor, teacher_head: Head, chunk: int, temperature: float = 1.0,
+    divergence: Divergence = reverse_kl_from_logits,
 ) -> Tensor:
-    """`reverse_kl_from_logits` of head(states) and teacher_head(teacher_states) at the sampling
+    """`divergence` of head(states) and teacher_head(teacher_states) at the sampling
     temperature, `chunk` positions at a time (as `chunked_token_logprobs`: no more than `chunk`
     rows of [V] logits at once, each chunk recomputed in the backward pass). The gradient
     reaches the student's `states` and `head` alone.   [N, H], [N, H'] -> [N]
@@ -86,7 +113,7 @@ def chunked_reverse_kl(
     def piece(h: Tensor, th: Tensor) -> Tensor:
         with torch.no_grad():
             teacher = at_temperature(teacher_head(th).float(), temperature)  # [c, V]
-        return reverse_kl_from_logits(at_temperature(head(h).float(), temperature), teacher)  # [c]
+        return divergence(at_temperature(head(h).float(), temperature), teacher)  # [c]
 
     values = checkpointed_chunks(piece, chunk, states, teacher_states)
     return torch.cat(values) if values else states.new_zeros(0, dtype=torch.float32)

@@ -7,7 +7,8 @@ the teacher's signal, so dynamic sampling keeps them all.
 
 With `algorithm.teacher_loss: full` the teacher speaks in the loss instead: `FullTeacher`
 runs beside the policy's own forward in the update and gives the exact reverse KL over the
-vocabulary at every trained position, which `Distill` weighs into each micro-batch's loss.
+vocabulary at every trained position (`forward`: the forward KL), which `Distill` weighs
+into each micro-batch's loss.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import torch
 from torch import Tensor
 
 from toolpolicy.algorithms import chunked_token_logprobs, expand_group_mask
-from toolpolicy.algorithms.distill import chunked_reverse_kl, distillation_advantages, reverse_kl_per_token
+from toolpolicy.algorithms.distill import (
+    Divergence,
+    chunked_divergence,
+    distillation_advantages,
+    reverse_kl_from_logits,
+    reverse_kl_per_token,
+)
 from toolpolicy.config import ConfigError
 from toolpolicy.model import PolicyModel
 from toolpolicy.model.vision import VisionInput
@@ -74,9 +81,11 @@ class Teacher:
 @dataclass(frozen=True)
 class FullTeacher:
     """A frozen model with the policy's vocabulary whose whole next-token distribution the
-    policy is pulled toward at each position it trains (algorithm.teacher_loss: full)."""
+    policy is pulled toward at each position it trains (algorithm.teacher_loss: full or forward)."""
 
     model: torch.nn.Module
+    divergence: Divergence = reverse_kl_from_logits
+    """Over the vocabulary at each position: reverse KL(student || teacher) (full) or forward (forward)."""
 
     def logprobs_and_kl(
         self, student: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False
@@ -91,13 +100,13 @@ class FullTeacher:
         logprobs, entropy = chunked_token_logprobs(states, head, batch.targets[trained], chunk, temperature, with_entropy)  # [N]
         with torch.no_grad():
             teacher_states, teacher_head = trained_states(self.model, batch)  # [N, H']
-        kl = chunked_reverse_kl(states, head, teacher_states, teacher_head, chunk, temperature)  # [N]
+        kl = chunked_divergence(states, head, teacher_states, teacher_head, chunk, temperature, self.divergence)  # [N]
         return *placed_logprobs((logprobs, entropy), trained), placed(kl, trained)
 
 
 class Distill(NamedTuple):
-    """What `policy_update` adds to each micro-batch's loss under algorithm.teacher_loss full:
-    coef x the reverse KL to the teacher summed over the trained positions, over the step's
+    """What `policy_update` adds to each micro-batch's loss under algorithm.teacher_loss full
+    (or forward): coef x the divergence to the teacher summed over the trained positions, over the step's
     trained tokens (the token mean, as the policy loss's)."""
 
     logprobs: Callable[..., tuple[Tensor, Tensor | None, Tensor]]
