@@ -16,9 +16,12 @@ its output exists, so a stopped run picks up where it was:
    per-token reverse-KL advantage alone), a checkpoint every `--every` steps.
 5. distill_full: the same with `algorithm.teacher_loss: full` (the exact reverse KL over the
    vocabulary at each sampled position, in the loss); distill_forward: with
-   `algorithm.teacher_loss: forward` (the forward KL there instead).
-6. the same four with four optimizer steps per rollout batch (`algorithm.mini_batches: 4`):
-   grpo_mb4, distill_mb4, distill_full_mb4, distill_forward_mb4. `--arms` runs only the named ones.
+   `algorithm.teacher_loss: forward` (the forward KL there instead); distill_full_reward: the
+   full reverse KL added to GRPO's own loss (the task reward kept, `algorithm.teacher_alone`
+   off).
+6. the same five with four optimizer steps per rollout batch (`algorithm.mini_batches: 4`):
+   grpo_mb4, distill_mb4, distill_full_mb4, distill_forward_mb4, distill_full_reward_mb4.
+   `--arms` runs only the named ones.
 7. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
    model) of the teacher, the student and every checkpoint.
 
@@ -58,6 +61,7 @@ DISTILLATIONS = {
     "distill": {"algorithm.teacher_alone": True},
     "distill_full": {"algorithm.teacher_alone": True, "algorithm.teacher_loss": "full"},
     "distill_forward": {"algorithm.teacher_alone": True, "algorithm.teacher_loss": "forward"},
+    "distill_full_reward": {"algorithm.teacher_loss": "full"},
 }
 MINI_BATCHES = 4
 """The second arm of each method: this many optimizer steps per rollout batch (named NAME_mb4; `--mini-batches`)."""
@@ -125,7 +129,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--every", type=int, default=EVERY, help="steps between evaluated checkpoints")
-    parser.add_argument("--arms", nargs="+", help="run only these arms (default: all eight)")
+    parser.add_argument("--arms", nargs="+", help="run only these arms (default: all ten)")
     parser.add_argument("--mini-batches", type=int, default=MINI_BATCHES, help="optimizer steps a batch of the second arms")
     parser.add_argument("--lr", type=float, help="every arm's learning rate (default: demo.yaml's); runs named NAME-lrLR")
     args = parser.parse_args()

@@ -65,15 +65,18 @@ TEACHER: dict[str, dict[str, Any]] = {
 BRANCH_GROUPS = 2
 
 
-def bfcl_accuracy(work: Path, name: str, checkpoint: Path, threads: int, config: Path) -> float:
-    """The share of BFCL_LIMIT entries of each held-out category `checkpoint` answers right
-    (`toolpolicy eval --bfcl v4`; cached in WORK/eval/NAME)."""
+def bfcl_scores(work: Path, name: str, checkpoint: Path, threads: int, config: Path) -> dict[str, Any]:
+    """`checkpoint` on the first BFCL_LIMIT entries of each held-out category (`toolpolicy eval
+    --bfcl v4`; cached in WORK/eval/NAME): the share right over all of them, BFCL's non-live
+    summary and each category's share."""
     run_dir = work / "eval" / name
     summary = run_dir / "eval" / "bfcl_v4.json"
     if not summary.exists():
         extra = ("--bfcl", "v4", "--categories", BFCL_HELD_OUT, "--limit", str(BFCL_LIMIT))
         toolpolicy("eval", run_dir, {"eval.checkpoint": checkpoint}, threads, *extra, config=config)
-    return float(json.loads(summary.read_text())["accuracy"])
+    scores = json.loads(summary.read_text())
+    by_category = {category: figures["accuracy"] for category, figures in scores["by_category"].items()}
+    return {"accuracy": scores["accuracy"], "non_live": scores["groups"]["non_live"], "by_category": by_category}
 
 
 def methods(prompts: int, teacher: Path | None) -> dict[str, dict[str, Any]]:
@@ -113,7 +116,7 @@ def main() -> None:
 
     def held_out(name: str, checkpoint: Path) -> float:
         if args.env == "bfcl":
-            return bfcl_accuracy(work, name, checkpoint, args.threads, env["config"])
+            return float(bfcl_scores(work, name, checkpoint, args.threads, env["config"])["accuracy"])
         return accuracy(work, name, checkpoint, {}, args.threads, env["config"], tasks, samples)
 
     teacher, teacher_figures = None, None
@@ -143,6 +146,8 @@ def main() -> None:
             settings = {"run.seed": seed, "rl.task_pool": env["pool"], **env.get("settings", {}), **table[method]}
             run = rl_run(work, name, env["start"], arm_steps, settings, args.threads, env["config"])
             run["held_out"] = held_out(name, work / name / "rl" / "final")
+            if args.env == "bfcl":  # its evaluation is cached: the other figures of the same scoring
+                run["bfcl"] = bfcl_scores(work, name, work / name / "rl" / "final", args.threads, env["config"])
             rows = rl_rows(work / name)
             run.update({
                 "seed": seed,
@@ -163,9 +168,13 @@ def main() -> None:
             "sampled_tokens": statistics.fmean(r["sampled_tokens"] for r in done),
             "wall_minutes": statistics.fmean(r["wall_seconds"] for r in done) / 60,
         }
+        if args.env == "bfcl":  # BFCL's non-live summary, as the held-out accuracy
+            summary[method]["non_live"] = interval([r["bfcl"]["non_live"] for r in done])
+            summary[method]["non_live_minus_grpo"] = interval([r["bfcl"]["non_live"] - g["bfcl"]["non_live"] for r, g in zip(done, runs["grpo"])])
     write_result(out, {
         "env": args.env, "config": str(env["config"].relative_to(ROOT)), "start": str(env["start"].relative_to(ROOT)),
         "start_held_out": start_accuracy, "teacher": teacher_figures,
+        "start_bfcl": bfcl_scores(work, "start", env["start"], args.threads, env["config"]) if args.env == "bfcl" else None,
         "steps": steps, "task_pool": env["pool"], "episodes_per_step": env["prompts"],
         "branch_groups": BRANCH_GROUPS, "seeds": args.seeds,
         "eval": {"categories": BFCL_HELD_OUT, "per_category": BFCL_LIMIT} if args.env == "bfcl" else {"tasks": tasks, "samples": samples},

@@ -50,6 +50,10 @@ def test_readme_distillation_table_is_the_published_benchmark():
     assert_readme_shows("methods-teacher")
 
 
+def test_readme_bfcl_methods_table_is_the_published_benchmark():
+    assert_readme_shows("methods-bfcl")
+
+
 def test_readme_zoom_table_is_the_published_eval():
     assert_readme_shows("zoom")
 

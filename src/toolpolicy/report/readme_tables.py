@@ -249,6 +249,7 @@ TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
     "hotel": (hotel_table, ("sft-gate-off", "rl-gate-off", "sft-gate-on", "rl-gate-on")),
     "methods": (methods_table, ("calc", "hotel")),
     "methods-teacher": (methods_table, ("hotel",)),
+    "methods-bfcl": (methods_table, ("bfcl",)),
     "zoom": (zoom_table, ("sft", "rl-300", "rl")),
 }
 """Each table: its renderer and the eval names of its columns, in the renderer's argument order."""
