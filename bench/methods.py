@@ -114,10 +114,12 @@ def main() -> None:
     tasks, samples = env["eval"]
     steps = args.steps or env["steps"]
 
-    def held_out(name: str, checkpoint: Path) -> float:
+    def held_out(name: str, checkpoint: Path) -> dict[str, Any]:
+        """`checkpoint`'s held-out accuracy (held_out) and, on bfcl, the scores it is one of (bfcl)."""
         if args.env == "bfcl":
-            return float(bfcl_scores(work, name, checkpoint, args.threads, env["config"])["accuracy"])
-        return accuracy(work, name, checkpoint, {}, args.threads, env["config"], tasks, samples)
+            scores = bfcl_scores(work, name, checkpoint, args.threads, env["config"])
+            return {"held_out": scores["accuracy"], "bfcl": scores}
+        return {"held_out": accuracy(work, name, checkpoint, {}, args.threads, env["config"], tasks, samples)}
 
     teacher, teacher_figures = None, None
     distilled = any(method.startswith("distill") for method in args.methods)
@@ -127,9 +129,9 @@ def main() -> None:
         teacher_steps = TEACHER[args.env]["rl.steps"]  # one checkpoint, at the end: only the final model teaches
         teacher_run = rl_run(work, "teacher", env["start"], teacher_steps, TEACHER[args.env], args.threads, env["config"], every=teacher_steps)
         teacher = work / "teacher" / "rl" / "final"
-        teacher_figures = {"settings": TEACHER[args.env], "held_out": held_out("teacher", teacher), "wall_minutes": teacher_run["wall_seconds"] / 60}
+        teacher_figures = {"settings": TEACHER[args.env], **held_out("teacher", teacher), "wall_minutes": teacher_run["wall_seconds"] / 60}
     table = methods(env["prompts"], teacher)
-    start_accuracy = held_out("start", env["start"])
+    start = held_out("start", env["start"])
     runs: dict[str, list[dict[str, Any]]] = {method: [] for method in args.methods}
     arms = [(method, method, steps) for method in args.methods]
     for method in args.equal_tokens:  # after the arms whose tokens they match have run
@@ -145,9 +147,7 @@ def main() -> None:
             name = f"{arm.replace('@', '-')}-seed{seed}"
             settings = {"run.seed": seed, "rl.task_pool": env["pool"], **env.get("settings", {}), **table[method]}
             run = rl_run(work, name, env["start"], arm_steps, settings, args.threads, env["config"])
-            run["held_out"] = held_out(name, work / name / "rl" / "final")
-            if args.env == "bfcl":  # its evaluation is cached: the other figures of the same scoring
-                run["bfcl"] = bfcl_scores(work, name, work / name / "rl" / "final", args.threads, env["config"])
+            run.update(held_out(name, work / name / "rl" / "final"))
             rows = rl_rows(work / name)
             run.update({
                 "seed": seed,
@@ -173,8 +173,7 @@ def main() -> None:
             summary[method]["non_live_minus_grpo"] = interval([r["bfcl"]["non_live"] - g["bfcl"]["non_live"] for r, g in zip(done, runs["grpo"])])
     write_result(out, {
         "env": args.env, "config": str(env["config"].relative_to(ROOT)), "start": str(env["start"].relative_to(ROOT)),
-        "start_held_out": start_accuracy, "teacher": teacher_figures,
-        "start_bfcl": bfcl_scores(work, "start", env["start"], args.threads, env["config"]) if args.env == "bfcl" else None,
+        "start_held_out": start["held_out"], "teacher": teacher_figures, "start_bfcl": start.get("bfcl"),
         "steps": steps, "task_pool": env["pool"], "episodes_per_step": env["prompts"],
         "branch_groups": BRANCH_GROUPS, "seeds": args.seeds,
         "eval": {"categories": BFCL_HELD_OUT, "per_category": BFCL_LIMIT} if args.env == "bfcl" else {"tasks": tasks, "samples": samples},

@@ -157,7 +157,8 @@ def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand(los
 
     def update(distilled_from: torch.nn.Module) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         student.zero_grad(set_to_none=True)
-        distill = Distill(FullTeacher(distilled_from, DIVERGENCES[loss]).logprobs_and_kl, coef)
+        divergence, metric = DIVERGENCES[loss]
+        distill = Distill(FullTeacher(distilled_from, divergence).logprobs_and_kl, coef, metric)
         sums, _ = policy_update(
             student, None, batch, torch.zeros(len(trajectories)), algorithm, Correction.named("none", 2.0), FULL_SEQUENCES,
             temperature, micro_batch_size=3, distill=distill,  # two micro-batches: their shares add up

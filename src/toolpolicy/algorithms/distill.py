@@ -95,8 +95,11 @@ def forward_kl_from_logits(student_logits: Tensor, teacher_logits: Tensor) -> Te
 
 Divergence = Callable[[Tensor, Tensor], Tensor]
 """The divergence of (student logits, teacher logits) at each position.   [N, V], [N, V] -> [N]"""
-DIVERGENCES: dict[str, Divergence] = {"full": reverse_kl_from_logits, "forward": forward_kl_from_logits}
-"""algorithm.teacher_loss -> the divergence over the vocabulary it puts in the loss."""
+DIVERGENCES: dict[str, tuple[Divergence, str]] = {
+    "full": (reverse_kl_from_logits, "distill/reverse_kl"),
+    "forward": (forward_kl_from_logits, "distill/forward_kl"),
+}
+"""algorithm.teacher_loss -> the divergence over the vocabulary it puts in the loss, and the metric that logs it."""
 Head = Callable[[Tensor], Tensor]
 
 

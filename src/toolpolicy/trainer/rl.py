@@ -558,18 +558,18 @@ def train_on_batch(learner: Learner, trajectories: list[Trajectory], order: list
     return BatchUpdate(sums, recomputed, grad_norms)
 
 
-def update_metrics(sums: dict[str, float], optimizer_steps: int, with_reference: bool, teacher_kl: str = "") -> dict[str, float]:
+def update_metrics(sums: dict[str, float], optimizer_steps: int, with_reference: bool, distill: Distill | None = None) -> dict[str, float]:
     """The step's update metrics from `policy_update`'s sums over its `optimizer_steps`: the
     loss per optimizer step, token counts as they are, maxima, and per-token means over
     every token trained (kl only when a reference model ran; with a teacher in the loss its
-    exact divergence under the metric name `teacher_kl`) or, for the sampler/trainer
-    mismatch, over the tokens it was measured on."""
+    exact divergence under `distill.metric`) or, for the sampler/trainer mismatch, over the
+    tokens it was measured on."""
     out = {key: sums[key] for key in ("tokens/update", "tokens/reference") + UPDATE_MAXIMA}
     out["loss"] = sums["loss"] / max(optimizer_steps, 1)
     for key in ("entropy", "clip_frac", "ratio") + (("kl",) if with_reference else ()):
         out[key] = sums[key] / max(sums["trained_tokens"], 1.0)
-    if teacher_kl:
-        out[teacher_kl] = sums["distill/kl"] / max(sums["trained_tokens"], 1.0)
+    if distill is not None:
+        out[distill.metric] = sums["distill/kl"] / max(sums["trained_tokens"], 1.0)
         out["tokens/teacher"] = sums["tokens/teacher"]
     for key in ("mismatch/abs", "mismatch/kl", "mismatch/truncated"):
         out[key] = sums[key] / max(sums["mismatch/tokens"], 1.0)
@@ -639,7 +639,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
     correction = correction_of(cfg.algorithm, CAPABILITIES[cfg.backend.name])
     # Each distinct prompt once, unless gradient checkpointing (no KV cache to share then) or a
     # teacher in the loss (its KL comes with a forward over whole sequences) says otherwise.
-    teacher_in_loss = bool(cfg.algorithm.teacher) and cfg.algorithm.teacher_loss != "sampled"
+    teacher_in_loss = bool(cfg.algorithm.teacher) and cfg.algorithm.teacher_loss in DIVERGENCES
     full = cfg.model.gradient_checkpointing or teacher_in_loss
     recompute = FULL_SEQUENCES if full else SHARED_PROMPTS
     sampling = Sampling(
@@ -658,15 +658,15 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         reference = model if cfg.model.lora_rank else load_policy_model(cfg.model, rl.init_from).model.eval()
         if reference is not model:
             sharing.place_frozen(reference, world)
-    teacher, distill, teacher_kl = None, None, ""
+    teacher, distill = None, None
     if cfg.algorithm.teacher:  # on-policy distillation: the teacher scores every sampled token, or its whole distribution joins the loss
         teacher_policy = load_policy_model(cfg.model, cfg.algorithm.teacher)
         same_vocabulary(policy, teacher_policy, cfg.algorithm.teacher)
         teacher_model = teacher_policy.model.eval().requires_grad_(False)
         if cfg.algorithm.teacher_loss in DIVERGENCES:
-            teacher_kl = "distill/forward_kl" if cfg.algorithm.teacher_loss == "forward" else "distill/reverse_kl"
-            full_teacher = FullTeacher(teacher_model, DIVERGENCES[cfg.algorithm.teacher_loss])
-            distill = Distill(sharing.logprobs(full_teacher.logprobs_and_kl), cfg.algorithm.teacher_coef)
+            divergence, metric = DIVERGENCES[cfg.algorithm.teacher_loss]
+            full_teacher = FullTeacher(teacher_model, divergence)
+            distill = Distill(sharing.logprobs(full_teacher.logprobs_and_kl), cfg.algorithm.teacher_coef, metric)
         else:
             teacher = Teacher(
                 teacher_model, recompute, policy.pad_id, rl.temperature, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens,
@@ -759,7 +759,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
                 grad_norms, recomputed = done.grad_norms, done.recomputed
                 if rl.store_rollouts:
                     recomputed = dict(world.gather(list(recomputed.items())))
-                update = update_metrics(world.reduce_stats(done.sums, UPDATE_MAXIMA), len(grad_norms), reference is not None, teacher_kl)
+                update = update_metrics(world.reduce_stats(done.sums, UPDATE_MAXIMA), len(grad_norms), reference is not None, distill)
                 updates += 1
                 sharing.refresh(model, whole)
                 pool.sync(whole)  # a sampler with its own copy of the weights gets the new ones

@@ -112,6 +112,8 @@ class Distill(NamedTuple):
     logprobs: Callable[..., tuple[Tensor, Tensor | None, Tensor]]
     """FullTeacher.logprobs_and_kl, run as the trainer runs the policy's forward (through its shards)."""
     coef: float
+    metric: str
+    """The name the step's mean divergence per trained token is logged under (DIVERGENCES)."""
 
 
 @dataclass(frozen=True)
