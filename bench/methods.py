@@ -43,19 +43,21 @@ from seed_interval import interval
 from result_file import write_result
 
 CONFIGS = ROOT / "src" / "toolpolicy" / "configs"
-ENVS: dict[str, dict[str, Any]] = {
-    "calc": {"config": CONFIGS / "demo.yaml", "start": ROOT / "checkpoints" / "calc-sft", "prompts": 12, "pool": 48,
-             "steps": 60, "eval": (300, 2)},
-    "hotel": {"config": CONFIGS / "ablation_hotel.yaml", "start": ROOT / "checkpoints" / "hotel-sft-breaks20", "prompts": 4,
-              "pool": 24, "steps": 30, "eval": (30, 4)},
-    "bfcl": {"config": ROOT / "examples" / "smollm2" / "bfcl.yaml", "start": ROOT / "checkpoints" / "smollm2-bfcl-sft300",
-             "prompts": 8, "pool": 40, "steps": 15, "eval": (0, 1), "settings": {"optim.micro_batch_tokens": 4096}},
-}  # fmt: skip
-"""Each environment's config, start, episodes' groups a step, task pool, steps, held-out (tasks, samples) and
-extra settings of every run (bfcl: as the config's RL command; its held-out set is BFCL_HELD_OUT)."""
 BFCL_HELD_OUT = "simple_python,simple_java,simple_javascript,multiple,parallel,parallel_multiple,irrelevance"
 BFCL_LIMIT = 40
 """bfcl: the held-out entries scored, the first this many of each BFCL_HELD_OUT category (280 of 1,390)."""
+ENVS: dict[str, dict[str, Any]] = {
+    "calc": {"config": CONFIGS / "demo.yaml", "start": ROOT / "checkpoints" / "calc-sft", "prompts": 12, "pool": 48,
+             "steps": 60, "eval": {"tasks": 300, "samples": 2}},
+    "hotel": {"config": CONFIGS / "ablation_hotel.yaml", "start": ROOT / "checkpoints" / "hotel-sft-breaks20", "prompts": 4,
+              "pool": 24, "steps": 30, "eval": {"tasks": 30, "samples": 4}},
+    "bfcl": {"config": ROOT / "examples" / "smollm2" / "bfcl.yaml", "start": ROOT / "checkpoints" / "smollm2-bfcl-sft300",
+             "prompts": 8, "pool": 40, "steps": 15, "eval": {"categories": BFCL_HELD_OUT, "per_category": BFCL_LIMIT},
+             "settings": {"optim.micro_batch_tokens": 4096}},
+}  # fmt: skip
+"""Each environment's config, start, episodes' groups a step, task pool, steps, held-out set (tasks x samples,
+or bfcl's first per_category entries of each category) and extra settings of every run (bfcl: as the config's
+RL command)."""
 TEACHER: dict[str, dict[str, Any]] = {
     "calc": {"rl.steps": TEACHER_STEPS},  # distill_calc's teacher
     "hotel": {"rl.steps": 160, "rl.prompts_per_step": 8, "algorithm.beta": 0.04, "algorithm.mini_batches": 4},
@@ -111,7 +113,6 @@ def main() -> None:
     env = ENVS[args.env]
     work = args.work or ROOT / "runs" / f"methods-{args.env}"
     out = args.out or ROOT / "docs" / "results" / "methods" / f"{args.env}.json"  # the README's table (report/readme_tables.py)
-    tasks, samples = env["eval"]
     steps = args.steps or env["steps"]
 
     def held_out(name: str, checkpoint: Path) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def main() -> None:
         if args.env == "bfcl":
             scores = bfcl_scores(work, name, checkpoint, args.threads, env["config"])
             return {"held_out": scores["accuracy"], "bfcl": scores}
-        return {"held_out": accuracy(work, name, checkpoint, {}, args.threads, env["config"], tasks, samples)}
+        return {"held_out": accuracy(work, name, checkpoint, {}, args.threads, env["config"], env["eval"]["tasks"], env["eval"]["samples"])}
 
     teacher, teacher_figures = None, None
     distilled = any(method.startswith("distill") for method in args.methods)
@@ -176,7 +177,7 @@ def main() -> None:
         "start_held_out": start["held_out"], "teacher": teacher_figures, "start_bfcl": start.get("bfcl"),
         "steps": steps, "task_pool": env["pool"], "episodes_per_step": env["prompts"],
         "branch_groups": BRANCH_GROUPS, "seeds": args.seeds,
-        "eval": {"categories": BFCL_HELD_OUT, "per_category": BFCL_LIMIT} if args.env == "bfcl" else {"tasks": tasks, "samples": samples},
+        "eval": env["eval"],
         "settings": env.get("settings", {}),
         "methods": {method: {k: str(v) if isinstance(v, Path) else v for k, v in table[method].items()} for method in args.methods}, "steps_of": steps_of, "summary": summary, "runs": runs,
     })
