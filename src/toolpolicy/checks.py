@@ -19,6 +19,7 @@ from typing import Any, get_args
 from pydantic import TypeAdapter, ValidationError
 
 from toolpolicy.algorithms import AGGREGATIONS, ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+from toolpolicy.algorithms.distill import DIVERGENCES
 from toolpolicy.algorithms.presets import apply_preset
 from toolpolicy.config import AlgorithmSection, Config, ConfigError, DemonstratorSection, EnvSection, RewardsSection, type_name
 from toolpolicy.envs import ENVS, env_factory, takes_user, user_factory
@@ -276,7 +277,7 @@ def _rule_problems(cfg: Config) -> list[str]:
         )
     if cfg.algorithm.teacher_alone and not cfg.algorithm.teacher:
         problems.append("algorithm.teacher_alone needs algorithm.teacher: the checkpoint whose log-probs the student distils")
-    if cfg.algorithm.teacher_loss != "sampled" and not cfg.algorithm.teacher:
+    if cfg.algorithm.teacher_loss in DIVERGENCES and not cfg.algorithm.teacher:
         problems.append(
             f"algorithm.teacher_loss {cfg.algorithm.teacher_loss} needs algorithm.teacher: "
             "the checkpoint whose distribution the student distils"
