@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from toolpolicy.report.readme_tables import BFCL_TABLES, BfclTable, bfcl_table, demo_table, hotel_table, main, render, summary_paths
+from toolpolicy.report.readme_tables import (
+    BFCL_TABLES, DISTILL_TABLES, BfclTable, DistillTable, bfcl_table, demo_table, distill_table, hotel_table, main, render, summary_paths,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -60,6 +62,11 @@ def test_readme_zoom_table_is_the_published_eval():
 
 @pytest.mark.parametrize("table", sorted(BFCL_TABLES))
 def test_readme_bfcl_tables_are_the_published_comparisons(table):
+    assert_readme_shows(table)
+
+
+@pytest.mark.parametrize("table", sorted(DISTILL_TABLES))
+def test_readme_distillation_tables_are_the_published_benchmarks(table):
     assert_readme_shows(table)
 
 
@@ -158,6 +165,25 @@ def test_publish_then_render(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("| held-out | SFT (before) | RL (after) | change |\n")
     assert "| tool calls / episode, easy (all needless) | 0.50 | 0.25 | -50% |" in out
+
+
+def test_distill_table_steps_per_seed_best_accuracy_and_an_unknown_arm():
+    def run(seed, reached, steps, *curve):
+        return {"seed": seed, "steps_to_within_2_points": reached, "steps": steps, "held_out": [[0, 0.9], *curve]}
+
+    results = {
+        "long.json": {"runs": {"grpo": [run(0, None, 100, [50, 0.5], [100, 0.75]), run(2, 40, 100, [40, 0.875])]}},
+        "short.json": {"runs": {"mixed": [run(0, 10, 30, [10, 0.96875], [20, 0.25]), run(1, None, 30, [30, 0.125])]}},
+    }
+    table = DistillTable((("GRPO", "long.json", "grpo"), ("mixed", "short.json", "mixed")))
+    assert distill_table(results, table).splitlines() == [
+        "| method | seed 0 | seed 1 | seed 2 | best held-out, by seed |",
+        "|---|---|---|---|---|",
+        "| GRPO | not in 100 | | 40 | 75.0% / 87.5% |",
+        "| mixed | 10 | not in 30 | | 96.9% / 12.5% |",
+    ]
+    with pytest.raises(ValueError, match="no such arm in short.json: grpo"):
+        distill_table(results, DistillTable((("x", "short.json", "grpo"),)))
 
 
 def test_bfcl_table_rows_intervals_and_an_unknown_run():

@@ -9,7 +9,8 @@ into the repository, adds `published_from` (the file it copied) and copies the e
 resolved config (NAME.config.yaml) beside it. tests/test_readme_results.py renders every
 table from those files and requires README.md to contain it verbatim, so a figure in the
 README is always one the eval wrote. The BFCL tables (BFCL_TABLES) are rendered the same way
-from the results files bench/bfcl_compare.py writes. The tables carry no bold: a cell to stress is
+from the results files bench/bfcl_compare.py writes, the distillation tables (DISTILL_TABLES) from
+bench/distill_calc.py's. The tables carry no bold: a cell to stress is
 stressed in the prose around it.
 """
 
@@ -235,12 +236,62 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("prose 50, then RL 40, `env.unanswerable: 300`", "prose50_rl40u300", "prose50"),
         ("SFT 300 + 200 prose steps (50 + 150)", "prose200", "prose50"),
     ), against="its start"),
+    "bfcl-lr": BfclTable("bench/results/bfcl_smollm2_lr.json", (
+        ("SFT 300 (`checkpoints/smollm2-bfcl-sft300`, as shipped)", "sft300", None),
+        ("then RL 15, lr 5e-5, pool of 40 (`bench/methods.py --env bfcl`, GRPO seed 0)", "rl15_lr5e-5", "sft300"),
+        ("then RL 10, lr 5e-5, `env.unanswerable: 300`", "rl10u300_lr5e-5", "sft300"),
+        ("then RL 20, lr 5e-5, `env.unanswerable: 300`", "rl20u300_lr5e-5", "sft300"),
+        ("then RL 10, lr 2e-4, `env.unanswerable: 300`", "rl10u300_lr2e-4", "sft300"),
+        ("then RL 20, lr 2e-4, `env.unanswerable: 300`", "rl20u300_lr2e-4", "sft300"),
+    ), category_digits=0, against="SFT"),
     "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
         ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
     ), against="SmolLM2"),
 }
 """The README's BFCL tables, each rendered from the results file bench/bfcl_compare.py wrote."""
+
+
+@dataclass(frozen=True)
+class DistillTable:
+    """A README table of bench/distill_calc.py's results files: a row an arm of one file (its label,
+    the file relative to the repository root, and the arm's name in it)."""
+
+    rows: tuple[tuple[str, str, str], ...]
+
+
+def distill_table(results: dict[str, dict[str, Any]], table: DistillTable) -> str:
+    """Steps until within 2 points of the teacher on each seed ("not in N" for a run of N steps
+    that did not get there) and the best held-out accuracy of each run, seed by seed."""
+    missing = [f"{source}: {arm}" for _, source, arm in table.rows if arm not in results[source]["runs"]]
+    if missing:
+        raise ValueError(f"no such arm in {', '.join(missing)}")
+    seeds = sorted({run["seed"] for _, source, arm in table.rows for run in results[source]["runs"][arm]})
+
+    def row(label: str, runs: list[dict[str, Any]]) -> tuple[str, ...]:
+        by_seed = {run["seed"]: run for run in runs}
+        reached = [by_seed[s]["steps_to_within_2_points"] if s in by_seed else "" for s in seeds]
+        cells = [f"not in {by_seed[s]['steps']}" if value is None else str(value) for s, value in zip(seeds, reached)]
+        best = [max(accuracy for step, accuracy in run["held_out"] if step > 0) for run in runs]
+        return (label, *cells, " / ".join(_percent(value) for value in best))
+
+    rows = [row(label, results[source]["runs"][arm]) for label, source, arm in table.rows]
+    return _markdown(("method", *(f"seed {s}" for s in seeds), "best held-out, by seed"), rows)
+
+
+DISTILL_TABLES: dict[str, DistillTable] = {
+    "distill-reward": DistillTable((
+        ("GRPO, 100 steps", "bench/results/distill_calc_forward_grpo100.json", "grpo_mb4"),
+        ("distillation alone, reverse KL, 30 steps", "bench/results/distill_calc_forward.json", "distill_full_mb4"),
+        ("distillation alone, forward KL, 30 steps", "bench/results/distill_calc_forward.json", "distill_forward_mb4"),
+        ("reverse KL added to GRPO, 30 steps", "bench/results/distill_calc_reward_seeds.json", "distill_full_reward_mb4"),
+    )),
+    "distill-one-step": DistillTable((
+        ("GRPO", "bench/results/distill_calc_one_step.json", "grpo"),
+        ("reverse KL added to GRPO", "bench/results/distill_calc_one_step.json", "distill_full_reward"),
+    )),
+}
+"""The README's distillation tables, each rendered from results files bench/distill_calc.py wrote."""
 
 
 TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
@@ -260,6 +311,8 @@ def summary_paths(table: str, results: Path = RESULTS) -> list[Path]:
     table its results file, under the repository that holds `results` (docs/results)."""
     if table in BFCL_TABLES:
         return [results.parents[1] / BFCL_TABLES[table].source]
+    if table in DISTILL_TABLES:
+        return [results.parents[1] / source for source in dict.fromkeys(source for _, source, _ in DISTILL_TABLES[table].rows)]
     return [results / table / f"{name}.json" for name in TABLES[table][1]]
 
 
@@ -271,6 +324,8 @@ def render(table: str, results: Path = RESULTS) -> str:
         raise FileNotFoundError(f"the {table} table needs {', '.join(missing)}: run the evals and `publish` them")
     if table in BFCL_TABLES:
         return bfcl_table(json.loads(paths[0].read_text()), BFCL_TABLES[table])
+    if table in DISTILL_TABLES:
+        return distill_table({str(p.relative_to(results.parents[1])): json.loads(p.read_text()) for p in paths}, DISTILL_TABLES[table])
     renderer, _ = TABLES[table]
     return renderer(*(read_eval(p) for p in paths))
 
@@ -325,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("summaries", type=Path, nargs="+")
     pub.add_argument("--to", type=Path, required=True, help=f"e.g. {RESULTS}/demo")
     show = commands.add_parser("render", help="print a README table from the published summaries")
-    show.add_argument("table", choices=sorted([*TABLES, *BFCL_TABLES]))
+    show.add_argument("table", choices=sorted([*TABLES, *BFCL_TABLES, *DISTILL_TABLES]))
     show.add_argument("--results", type=Path, default=RESULTS, help="the folder holding one folder per table")
     args = parser.parse_args(argv)
     try:
