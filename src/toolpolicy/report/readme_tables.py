@@ -268,12 +268,16 @@ def distill_table(results: dict[str, dict[str, Any]], table: DistillTable) -> st
         raise ValueError(f"no such arm in {', '.join(missing)}")
     seeds = sorted({run["seed"] for _, source, arm in table.rows for run in results[source]["runs"][arm]})
 
+    def steps(run: dict[str, Any] | None) -> str:
+        if run is None:
+            return ""
+        reached = run["steps_to_within_2_points"]
+        return f"not in {run['steps']}" if reached is None else str(reached)
+
     def row(label: str, runs: list[dict[str, Any]]) -> tuple[str, ...]:
         by_seed = {run["seed"]: run for run in runs}
-        reached = [by_seed[s]["steps_to_within_2_points"] if s in by_seed else "" for s in seeds]
-        cells = [f"not in {by_seed[s]['steps']}" if value is None else str(value) for s, value in zip(seeds, reached)]
         best = [max(accuracy for step, accuracy in run["held_out"] if step > 0) for run in runs]
-        return (label, *cells, " / ".join(_percent(value) for value in best))
+        return (label, *(steps(by_seed.get(seed)) for seed in seeds), " / ".join(_percent(value) for value in best))
 
     rows = [row(label, results[source]["runs"][arm]) for label, source, arm in table.rows]
     return _markdown(("method", *(f"seed {s}" for s in seeds), "best held-out, by seed"), rows)
