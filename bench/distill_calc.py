@@ -1,16 +1,16 @@
 """On-policy distillation against GRPO on calc: a smaller student learns from the RL-trained calc model.
 
     .venv/bin/python bench/distill_calc.py [--student CHECKPOINT] [--steps 100] [--work runs/distill-calc]
-        [--seeds 0 1 2] [--every 10] [--arms grpo_mb4 distill_full_mb4 ...] [--mini-batches 4] [--lr 0.0003]
-        [--out bench/results/distill_calc.json]
+        [--student-shape small|half] [--seeds 0 1 2] [--every 10] [--arms grpo_mb4 distill_full_mb4 ...]
+        [--mini-batches 4] [--lr 0.0003] [--teacher-coef 4] [--out bench/results/distill_calc.json]
 
 Each phase runs `toolpolicy` as a user would, in a process of its own, and is skipped when
 its output exists, so a stopped run picks up where it was:
 
 1. teacher: RL from checkpoints/calc-sft with demo.yaml (TEACHER_STEPS steps).
 2. student: `--student CHECKPOINT` (e.g. checkpoints/calc-sft, the teacher's own start), or
-   else SFT of a smaller embedded model (STUDENT, about a fifth of the teacher's parameters,
-   the same tokenizer) on the demonstrations calc-sft learned from.
+   else SFT of a smaller embedded model (`--student-shape`: one of STUDENTS, the same
+   tokenizer) on the demonstrations calc-sft learned from.
 3. grpo: RL from the student with demo.yaml's GRPO, a checkpoint every `--every` steps.
 4. distill: the same RL from the same student with `algorithm.teacher` (the teacher's
    per-token reverse-KL advantage alone), a checkpoint every `--every` steps.
@@ -29,8 +29,8 @@ Steps 3-7 run once per `--seeds` seed (`run.seed`: the task draws and samples; t
 and the student are the same for all). The result file holds, per arm and seed, the curve,
 the steps it took to come within 2 points of the teacher's accuracy (None: not within the
 steps run), sampled tokens and wall time; and each distillation's steps as a fraction of
-GRPO's with as many optimizer steps per batch, per seed and as the ratio of the means over
-the seeds that reached the target.
+GRPO's with as many optimizer steps per batch (`--against ARM`: of that GRPO arm's), per seed
+and as the ratio of the means over the seeds that reached the target.
 """
 
 from __future__ import annotations
@@ -51,9 +51,15 @@ ROOT = Path(__file__).parent.parent
 CONFIG = ROOT / "src" / "toolpolicy" / "configs" / "demo.yaml"
 TEACHER_START = ROOT / "checkpoints" / "calc-sft"
 TEACHER_STEPS = 200
-STUDENT = {"embedded.hidden_size": 96, "embedded.layers": 3, "embedded.heads": 4, "embedded.kv_heads": 2,
-           "embedded.intermediate_size": 288}
-STUDENT_SFT = {"sft.cold_start": "", "sft.steps": 600}
+STUDENTS = {
+    "small": ({"embedded.hidden_size": 96, "embedded.layers": 3, "embedded.heads": 4, "embedded.kv_heads": 2,
+               "embedded.intermediate_size": 288}, {"sft.cold_start": "", "sft.steps": 600}),
+    "half": ({"embedded.hidden_size": 128, "embedded.layers": 4, "embedded.heads": 4, "embedded.kv_heads": 2,
+              "embedded.intermediate_size": 384}, {"sft.cold_start": ""}),
+}
+"""The smaller students `--student-shape` names: (model shape, SFT settings over demo.yaml's). small: 0.37M
+parameters after 600 SFT steps; half: 0.84M parameters (the teacher's 1.85M with width 128 for 192) after
+the SFT calc-sft had (1,500 steps of 32 on 48,000 demonstrations)."""
 EVERY = 10
 EVAL_TASKS, EVAL_SAMPLES = 300, 2
 WITHIN = 0.02
@@ -125,13 +131,18 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "distill-calc")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "distill_calc.json")
     parser.add_argument("--steps", type=int, default=100, help="RL steps of each student run")
-    parser.add_argument("--student", type=Path, help="the student's checkpoint (default: SFT of the smaller STUDENT)")
+    parser.add_argument("--student", type=Path, help="the student's checkpoint (default: SFT of a smaller model, --student-shape)")
+    parser.add_argument("--student-shape", choices=sorted(STUDENTS), default="small", help="the smaller student without --student")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--every", type=int, default=EVERY, help="steps between evaluated checkpoints")
     parser.add_argument("--arms", nargs="+", help="run only these arms (default: all ten)")
     parser.add_argument("--mini-batches", type=int, default=MINI_BATCHES, help="optimizer steps a batch of the second arms")
     parser.add_argument("--lr", type=float, help="every arm's learning rate (default: demo.yaml's); runs named NAME-lrLR")
+    parser.add_argument("--against", metavar="GRPO_ARM",
+                        help="the GRPO arm every distillation's steps are divided by (default: the one with as many steps a batch)")
+    parser.add_argument("--teacher-coef", type=float,
+                        help="the distillation arms' algorithm.teacher_coef (default 1); runs named NAME-coefC")
     args = parser.parse_args()
     work, threads = args.work, args.threads
 
@@ -140,17 +151,21 @@ def main() -> None:
         toolpolicy("train", teacher_run, {"rl.init_from": TEACHER_START, "rl.steps": TEACHER_STEPS, "run.checkpoint_every": TEACHER_STEPS}, threads)
     teacher = teacher_run / "rl" / "final"
     student = args.student
+    shape, student_sft = STUDENTS[args.student_shape]
     if student is None:
-        student_run = work / "small-student" / "student"
+        student_run = work / f"{args.student_shape}-student" / "student"
         if not (student_run / "sft" / "final").exists():
-            toolpolicy("sft", student_run, {**STUDENT, **STUDENT_SFT}, threads)
+            toolpolicy("sft", student_run, {**shape, **student_sft}, threads)
         student = student_run / "sft" / "final"
-    runs_dir = work / (student.resolve().name if args.student else "small-student")
+    runs_dir = work / (student.resolve().name if args.student else f"{args.student_shape}-student")
 
     several = {"algorithm.mini_batches": args.mini_batches}
-    methods = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **settings} for name, settings in DISTILLATIONS.items()}}
+    coef, coef_name = ({"algorithm.teacher_coef": args.teacher_coef}, f"-coef{args.teacher_coef:g}") if args.teacher_coef else ({}, "")
+    methods = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **coef, **settings} for name, settings in DISTILLATIONS.items()}}
     methods |= {f"{name}_mb{args.mini_batches}": {**settings, **several} for name, settings in methods.items()}  # grpo_mb4, ...
     methods = {name: settings for name, settings in methods.items() if args.arms is None or name in args.arms}
+    if args.against and args.against not in methods:
+        parser.error(f"--against {args.against}: not among the arms run ({', '.join(methods)})")
     teacher_accuracy = accuracy(work, "teacher", teacher, {}, threads)
     student_accuracy = accuracy(work, f"student-{runs_dir.name}", student, {}, threads)
     target = teacher_accuracy - WITHIN
@@ -158,7 +173,7 @@ def main() -> None:
     rate, rate_name = ({"rl.lr": args.lr}, f"-lr{args.lr:g}") if args.lr else ({}, "")
     for seed in args.seeds:
         for name, settings in methods.items():
-            run_name = f"{name}-seed{seed}{rate_name}"
+            run_name = f"{name}-seed{seed}{rate_name}" + ("" if name.startswith("grpo") else coef_name)
             run = rl_run(runs_dir, run_name, student, args.steps, {"run.seed": seed, **rate, **settings}, threads, every=args.every)
             checkpoints = sorted((runs_dir / run_name / "rl" / "checkpoints").glob("step_*"))
             curve = [(0, student_accuracy)] + [
@@ -168,11 +183,13 @@ def main() -> None:
             print(f"{run_name}: within 2 points at step {runs[name][-1]['steps_to_within_2_points']}", flush=True)
     steps = {name: [run["steps_to_within_2_points"] for run in done] for name, done in runs.items()}
     suffix = f"_mb{args.mini_batches}"
-    baseline = {name: "grpo" + suffix if name.endswith(suffix) else "grpo" for name in runs}  # as many optimizer steps per batch
+    baseline = {name: args.against or ("grpo" + suffix if name.endswith(suffix) else "grpo") for name in runs}
     write_result(args.out, {
         "config": str(CONFIG.relative_to(ROOT)), "teacher_start": str(TEACHER_START.relative_to(ROOT)), "teacher_steps": TEACHER_STEPS,
-        "student": str(args.student) if args.student else {"shape": STUDENT, "sft": STUDENT_SFT}, "eval": {"tasks": EVAL_TASKS, "samples": EVAL_SAMPLES},
+        "student": str(args.student) if args.student else {"name": args.student_shape, "shape": shape, "sft": student_sft},
+        "eval": {"tasks": EVAL_TASKS, "samples": EVAL_SAMPLES},
         "seeds": args.seeds, "steps": args.steps, "every": args.every, "lr": args.lr, "mini_batches": args.mini_batches,
+        "teacher_coef": args.teacher_coef, "against": args.against,
         "teacher_accuracy": teacher_accuracy, "student_accuracy": student_accuracy, "target": target,
         "steps_to_within_2_points": steps,
         "steps_ratio": {name: steps_ratio(steps[name], steps[baseline[name]], args.steps) for name in runs if not name.startswith("grpo") and baseline[name] in runs},

@@ -294,6 +294,16 @@ DISTILL_TABLES: dict[str, DistillTable] = {
         ("GRPO", "bench/results/distill_calc_one_step.json", "grpo"),
         ("reverse KL added to GRPO", "bench/results/distill_calc_one_step.json", "distill_full_reward"),
     )),
+    "distill-two-step": DistillTable((
+        ("GRPO, 1 optimizer step a batch, 200 steps", "bench/results/distill_calc_two_step.json", "grpo"),
+        ("reverse KL added to GRPO, 2 optimizer steps a batch, 40 steps", "bench/results/distill_calc_two_step.json",
+         "distill_full_reward_mb2"),
+    )),
+    "distill-half": DistillTable((
+        ("GRPO", "bench/results/distill_calc_half.json", "grpo"),
+        ("distillation alone, reverse KL", "bench/results/distill_calc_half.json", "distill_full"),
+        ("reverse KL added to GRPO", "bench/results/distill_calc_half.json", "distill_full_reward"),
+    )),
 }
 """The README's distillation tables, each rendered from results files bench/distill_calc.py wrote."""
 
