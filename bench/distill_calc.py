@@ -192,26 +192,29 @@ def main() -> None:
         "teacher_coef": args.teacher_coef, "against": args.against,
         "teacher_accuracy": teacher_accuracy, "student_accuracy": student_accuracy, "target": target,
         "steps_to_within_2_points": steps,
-        "steps_ratio": {name: steps_ratio(steps[name], steps[baseline[name]], args.steps) for name in runs if not name.startswith("grpo") and baseline[name] in runs},
+        "steps_ratio": {
+            name: steps_ratio(steps[name], steps[baseline[name]], [run["steps"] for run in runs[baseline[name]]])
+            for name in runs if not name.startswith("grpo") and baseline[name] in runs
+        },
         "held_out_at": {name: held_out_at(done) for name, done in runs.items()},
         "runs": runs,
     })
     print(json.dumps({"teacher": teacher_accuracy, "student": student_accuracy, **steps}))
 
 
-def steps_ratio(method: list[int | None], grpo: list[int | None], steps: int) -> dict[str, Any]:
+def steps_ratio(method: list[int | None], grpo: list[int | None], grpo_ran: list[int]) -> dict[str, Any]:
     """A method's steps to the target over GRPO's, per seed, and the ratio of the means over the seeds where both got there.
 
-    A seed where GRPO did not get there in the `steps` run gives the method's steps over `steps`,
-    a bound the true ratio is below (`bound_seeds`: their indices in the list); one where the
-    method did not, None.
+    A seed where GRPO did not get there in the steps its run took (`grpo_ran`) gives the method's
+    steps over those, a bound the true ratio is below (`bound_seeds`: their indices in the list);
+    one where the method did not, None.
 
-    >>> steps_ratio([4, 6, 10, None], [20, 30, None, 24], 50)
+    >>> steps_ratio([4, 6, 10, None], [20, 30, None, 24], [50, 50, 50, 50])
     {'per_seed': [0.2, 0.2, 0.2, None], 'bound_seeds': [2], 'of_means': 0.2}
     """
     both = [(m, g) for m, g in zip(method, grpo) if m is not None and g is not None]
     return {
-        "per_seed": [None if m is None else m / (g or steps) for m, g in zip(method, grpo)],
+        "per_seed": [None if m is None else m / (g or ran) for m, g, ran in zip(method, grpo, grpo_ran)],
         "bound_seeds": [i for i, (m, g) in enumerate(zip(method, grpo)) if m is not None and g is None],
         "of_means": sum(m for m, _ in both) / sum(g for _, g in both) if both else None,
     }
