@@ -298,6 +298,8 @@ DISTILL_TABLES: dict[str, DistillTable] = {
         ("GRPO, 1 optimizer step a batch, 200 steps", "bench/results/distill_calc_two_step.json", "grpo"),
         ("reverse KL added to GRPO, 2 optimizer steps a batch, 40 steps", "bench/results/distill_calc_two_step.json",
          "distill_full_reward_mb2"),
+        ("reverse KL added to GRPO, 3 optimizer steps a batch, 40 steps", "bench/results/distill_calc_three_step.json",
+         "distill_full_reward_mb3"),
     )),
     "distill-half": DistillTable((
         ("GRPO", "bench/results/distill_calc_half.json", "grpo"),
