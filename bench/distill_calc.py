@@ -160,7 +160,8 @@ def main() -> None:
     runs_dir = work / (student.resolve().name if args.student else f"{args.student_shape}-student")
 
     several = {"algorithm.mini_batches": args.mini_batches}
-    coef, coef_name = ({"algorithm.teacher_coef": args.teacher_coef}, f"-coef{args.teacher_coef:g}") if args.teacher_coef else ({}, "")
+    rate, rate_name = named_setting("rl.lr", args.lr, "lr")
+    coef, coef_name = named_setting("algorithm.teacher_coef", args.teacher_coef, "coef")
     methods = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **coef, **settings} for name, settings in DISTILLATIONS.items()}}
     methods |= {f"{name}_mb{args.mini_batches}": {**settings, **several} for name, settings in methods.items()}  # grpo_mb4, ...
     methods = {name: settings for name, settings in methods.items() if args.arms is None or name in args.arms}
@@ -170,7 +171,6 @@ def main() -> None:
     student_accuracy = accuracy(work, f"student-{runs_dir.name}", student, {}, threads)
     target = teacher_accuracy - WITHIN
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
-    rate, rate_name = ({"rl.lr": args.lr}, f"-lr{args.lr:g}") if args.lr else ({}, "")
     for seed in args.seeds:
         for name, settings in methods.items():
             run_name = f"{name}-seed{seed}{rate_name}" + ("" if name.startswith("grpo") else coef_name)
@@ -200,6 +200,17 @@ def main() -> None:
         "runs": runs,
     })
     print(json.dumps({"teacher": teacher_accuracy, "student": student_accuracy, **steps}))
+
+
+def named_setting(key: str, value: float | None, tag: str) -> tuple[dict[str, float], str]:
+    """A flag's setting and the suffix it gives run names (`-TAGVALUE`); none for a flag not given.
+
+    >>> named_setting("rl.lr", 0.0002, "lr")
+    ({'rl.lr': 0.0002}, '-lr0.0002')
+    >>> named_setting("rl.lr", None, "lr")
+    ({}, '')
+    """
+    return ({key: value}, f"-{tag}{value:g}") if value else ({}, "")
 
 
 def steps_ratio(method: list[int | None], grpo: list[int | None], grpo_ran: list[int]) -> dict[str, Any]:
