@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/distill_calc.py [--student CHECKPOINT] [--steps 100] [--work runs/distill-calc]
         [--student-shape small|half] [--seeds 0 1 2] [--every 10] [--arms grpo_mb4 distill_full_mb4 ...]
-        [--mini-batches 4] [--lr 0.0003] [--teacher-coef 4] [--out bench/results/distill_calc.json]
+        [--mini-batches 4] [--lr 0.0003] [--teacher-coef 4] [--lr-schedule cosine] [--out bench/results/distill_calc.json]
 
 Each phase runs `toolpolicy` as a user would, in a process of its own, and is skipped when
 its output exists, so a stopped run picks up where it was:
@@ -20,7 +20,9 @@ its output exists, so a stopped run picks up where it was:
    full reverse KL added to GRPO's own loss (the task reward kept, `algorithm.teacher_alone`
    off).
 6. the same five with four optimizer steps per rollout batch (`algorithm.mini_batches: 4`):
-   grpo_mb4, distill_mb4, distill_full_mb4, distill_forward_mb4, distill_full_reward_mb4.
+   grpo_mb4, distill_mb4, distill_full_mb4, distill_forward_mb4, distill_full_reward_mb4; and
+   with `--lr-schedule cosine` each of the ten again with the LR decayed on a cosine to a tenth
+   over its run (`rl.lr_schedule`): grpo_cosine, ..., distill_full_reward_mb4_cosine.
    `--arms` runs only the named ones.
 7. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
    model) of the teacher, the student and every checkpoint.
@@ -29,8 +31,8 @@ Steps 3-7 run once per `--seeds` seed (`run.seed`: the task draws and samples; t
 and the student are the same for all). The result file holds, per arm and seed, the curve,
 the steps it took to come within 2 points of the teacher's accuracy (None: not within the
 steps run), sampled tokens and wall time; and each distillation's steps as a fraction of
-GRPO's with as many optimizer steps per batch (`--against ARM`: of that GRPO arm's), per seed
-and as the ratio of the means over the seeds that reached the target.
+GRPO's with as many optimizer steps per batch and the same LR schedule (`--against ARM`: of
+that GRPO arm's), per seed and as the ratio of the means over the seeds that reached the target.
 """
 
 from __future__ import annotations
@@ -136,13 +138,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--every", type=int, default=EVERY, help="steps between evaluated checkpoints")
-    parser.add_argument("--arms", nargs="+", help="run only these arms (default: all ten)")
+    parser.add_argument("--arms", nargs="+", help="run only these arms (default: all ten, or twenty with --lr-schedule)")
     parser.add_argument("--mini-batches", type=int, default=MINI_BATCHES, help="optimizer steps a batch of the second arms")
     parser.add_argument("--lr", type=float, help="every arm's learning rate (default: demo.yaml's); runs named NAME-lrLR")
     parser.add_argument("--against", metavar="GRPO_ARM",
                         help="the GRPO arm every distillation's steps are divided by (default: the one with as many steps a batch)")
     parser.add_argument("--teacher-coef", type=float,
                         help="the distillation arms' algorithm.teacher_coef (default 1); runs named NAME-coefC")
+    parser.add_argument("--lr-schedule", choices=["cosine"],
+                        help="add each arm with this rl.lr_schedule (demo.yaml's: constant), named NAME_cosine")
     args = parser.parse_args()
     work, threads = args.work, args.threads
 
@@ -159,11 +163,15 @@ def main() -> None:
         student = student_run / "sft" / "final"
     runs_dir = work / (student.resolve().name if args.student else f"{args.student_shape}-student")
 
-    several = {"algorithm.mini_batches": args.mini_batches}
     rate, rate_name = named_setting("rl.lr", args.lr, "lr")
     coef, coef_name = named_setting("algorithm.teacher_coef", args.teacher_coef, "coef")
-    methods = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **coef, **settings} for name, settings in DISTILLATIONS.items()}}
-    methods |= {f"{name}_mb{args.mini_batches}": {**settings, **several} for name, settings in methods.items()}  # grpo_mb4, ...
+    kinds = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **coef, **settings} for name, settings in DISTILLATIONS.items()}}
+    variants = {"": {}, f"_mb{args.mini_batches}": {"algorithm.mini_batches": args.mini_batches}}  # grpo, grpo_mb4, ...
+    if args.lr_schedule:  # ... and grpo_cosine, grpo_mb4_cosine, ...
+        scheduled = {"rl.lr_schedule": args.lr_schedule}
+        variants |= {f"{variant}_{args.lr_schedule}": {**settings, **scheduled} for variant, settings in variants.items()}
+    methods = {kind + variant: {**settings, **varied} for kind, settings in kinds.items() for variant, varied in variants.items()}
+    baseline = {kind + variant: args.against or "grpo" + variant for kind in kinds for variant in variants}
     methods = {name: settings for name, settings in methods.items() if args.arms is None or name in args.arms}
     if args.against and args.against not in methods:
         parser.error(f"--against {args.against}: not among the arms run ({', '.join(methods)})")
@@ -182,8 +190,6 @@ def main() -> None:
             runs[name].append({"seed": seed, **run, "held_out": curve, "steps_to_within_2_points": first_within(curve, target)})
             print(f"{run_name}: within 2 points at step {runs[name][-1]['steps_to_within_2_points']}", flush=True)
     steps = {name: [run["steps_to_within_2_points"] for run in done] for name, done in runs.items()}
-    suffix = f"_mb{args.mini_batches}"
-    baseline = {name: args.against or ("grpo" + suffix if name.endswith(suffix) else "grpo") for name in runs}
     write_result(args.out, {
         "config": str(CONFIG.relative_to(ROOT)), "teacher_start": str(TEACHER_START.relative_to(ROOT)), "teacher_steps": TEACHER_STEPS,
         "student": str(args.student) if args.student else {"name": args.student_shape, "shape": shape, "sft": student_sft},

@@ -87,6 +87,25 @@ def test_a_step_that_trains_nothing_leaves_the_lr_schedule_where_it_is(untrained
     assert [r["lr"] for r in rows] == pytest.approx([cfg.rl.lr / 4, cfg.rl.lr / 4, cfg.rl.lr / 2])
 
 
+def test_a_cosine_schedule_falls_to_a_tenth_over_the_planned_optimizer_steps(untrained: Path, tmp_path: Path, monkeypatch) -> None:
+    """rl.lr_schedule: cosine counts optimizer steps, two a batch here: 3 steps plan 6, and
+    each step logs the LR of its first, cos-decayed from lr toward lr / 10 at the sixth."""
+    sampled = rl.sample_groups
+
+    def every_group_kept(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> rl.StepRollouts:
+        rollouts = sampled(pool, rubric, credit, sampling, step, first, replay)
+        return replace(rollouts, signal=torch.ones_like(rollouts.signal), groups=torch.ones_like(rollouts.groups))
+
+    monkeypatch.setattr(rl, "sample_groups", every_group_kept)
+    settings = ["rl.steps=3", "rl.max_idle_steps=0", "rl.lr_schedule=cosine", "algorithm.mini_batches=2"]
+    cfg = load_config(SMOKE, _settings(untrained, tmp_path / "run", *settings))
+    train_rl(cfg, prepare_run_dir(cfg))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["optimizer_steps"] for r in rows] == [2, 2, 2]
+    # Before optimizer steps 0, 2, 4 of 6: 0.1 + 0.9 (1 + cos(pi k / 6)) / 2 = 1, 0.775, 0.325.
+    assert [r["lr"] for r in rows] == pytest.approx([cfg.rl.lr, cfg.rl.lr * 0.775, cfg.rl.lr * 0.325])
+
+
 def test_the_cli_reports_a_stall_in_one_line_and_zero_turns_the_stop_off(untrained: Path, tmp_path: Path, capsys) -> None:
     assert _train(_settings(untrained, tmp_path / "stalls", "rl.steps=3", "rl.max_idle_steps=2")) == 2
     err = capsys.readouterr().err

@@ -315,10 +315,16 @@ class RLSection(Section):
     group_size: int = Field(8, ge=2)
     """Samples per task; advantages are computed within each group."""
     lr: float = Field(1e-4, gt=0)
-    """RL learning rate (constant after warm-up)."""
+    """RL learning rate (after warm-up; its course over the run: lr_schedule)."""
     warmup_steps: int = Field(0, ge=0)
     """The LR rises linearly to `lr` over this many optimizer steps (an RL step that keeps no
     episode takes none and leaves the LR as it is); 0: `lr` from the start."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After warm-up the LR stays at `lr` (constant), or falls on a cosine to a tenth of it at
+    the run's last planned optimizer step, steps x algorithm.mini_batches x update_passes
+    (cosine, as SFT's decay; a step that keeps no episode takes no optimizer step, so such a
+    run ends above the tenth). The schedule counts from the run's start: a longer rl.steps
+    stretches it."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of RL rollouts; 0 is greedy. The trainer recomputes log-probabilities
     at this same temperature, since the ratio to the rollout's own log-probabilities must be 1

@@ -89,6 +89,7 @@ from toolpolicy.trainer.distributed import Replicated, Sharded, World, clip_grad
 from toolpolicy.trainer.branching import PICKERS, Picker, choose
 from toolpolicy.trainer.replay import SuccessReplay
 from toolpolicy.trainer.rollouts import LocalRollouts, Pending, RayRollouts, Rollouts, open_engine, save_start, saved_start
+from toolpolicy.trainer.schedule import rl_schedule
 from toolpolicy.trainer.teacher import Distill, DistilledCredit, FullTeacher, Teacher, same_vocabulary
 from toolpolicy.trainer.trackers import open_trackers
 from toolpolicy.types import Task
@@ -675,8 +676,8 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         credit = DistilledCredit(credit, teacher, cfg.algorithm.teacher_coef, cfg.algorithm.teacher_alone)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=rl.lr, betas=(0.9, 0.99), weight_decay=cfg.optim.weight_decay)
-    warmup = max(1, rl.warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    planned = rl.steps * cfg.algorithm.mini_batches * cfg.algorithm.update_passes  # optimizer steps, if every step keeps episodes
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rl_schedule(rl.lr_schedule, rl.warmup_steps, planned))
     learner = Learner(
         model, reference, trainable, optimizer, scheduler, algorithm, correction,
         replace(recompute, logprobs=sharing.logprobs(recompute.logprobs)), world, policy.pad_id, UpdateSettings.of(cfg), sharing,

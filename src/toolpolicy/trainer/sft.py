@@ -17,7 +17,6 @@ the processes hold the model as `model.sharing` says (trainer/distributed.py).
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import replace
@@ -37,19 +36,8 @@ from toolpolicy.trainer.batch import FULL_SEQUENCES, Lockstep, Recompute, collat
 from toolpolicy.trainer.checkpoint import MetricsLog, restore_state, resume_from, save_checkpoint, save_final
 from toolpolicy.trainer.demonstrations import build_embedded, sft_examples, within_prompt_budget
 from toolpolicy.trainer.distributed import World, clip_gradients, sharing_of
+from toolpolicy.trainer.schedule import warmup_cosine
 from toolpolicy.trainer.trackers import open_trackers
-
-
-def warmup_cosine(warmup: int, total: int, floor: float = 0.1):
-    """LR multiplier: linear warm-up, then cosine decay to `floor` at `total`."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
