@@ -94,9 +94,10 @@ def accuracy(
     work: Path, name: str, checkpoint: Path, settings: dict[str, Any], threads: int, config: Path = CONFIG,
     tasks: int = EVAL_TASKS, samples: int = EVAL_SAMPLES,
 ) -> float:
-    """Held-out accuracy of `checkpoint` on `tasks` eval tasks x `samples` (cached in WORK/eval/NAME.json)."""
+    """Held-out accuracy of `checkpoint` on `tasks` eval tasks x `samples` (cached in WORK/eval/NAME.json,
+    evaluated again when the checkpoint is newer than the cached summary: a run deleted and run again)."""
     summary = work / "eval" / "eval" / f"{name}.json"
-    if not summary.exists():
+    if not summary.exists() or summary.stat().st_mtime < max(f.stat().st_mtime for f in Path(checkpoint).iterdir()):
         evaluated = {**settings, "eval.checkpoint": checkpoint, "eval.tasks": tasks, "eval.samples": samples}
         toolpolicy("eval", work / "eval", evaluated, threads, "--name", name, config=config)
     return float(json.loads(summary.read_text())["accuracy"])

@@ -301,6 +301,15 @@ DISTILL_TABLES: dict[str, DistillTable] = {
         ("reverse KL added to GRPO, 3 optimizer steps a batch, 40 steps", "bench/results/distill_calc_three_step.json",
          "distill_full_reward_mb3"),
     )),
+    "distill-cosine": DistillTable((
+        ("GRPO, 1 optimizer step a batch, cosine LR over 200 steps", "bench/results/distill_calc_cosine.json", "grpo_cosine"),
+        ("reverse KL added to GRPO, 2 optimizer steps a batch, cosine LR over 40 steps", "bench/results/distill_calc_cosine_mb2.json",
+         "distill_full_reward_mb2_cosine"),
+        ("reverse KL added to GRPO, 3 optimizer steps a batch, cosine LR over 40 steps", "bench/results/distill_calc_cosine.json",
+         "distill_full_reward_mb3_cosine"),
+        ("reverse KL added to GRPO, 4 optimizer steps a batch, cosine LR over 40 steps", "bench/results/distill_calc_cosine_mb4.json",
+         "distill_full_reward_mb4_cosine"),
+    )),
     "distill-half": DistillTable((
         ("GRPO", "bench/results/distill_calc_half.json", "grpo"),
         ("distillation alone, reverse KL", "bench/results/distill_calc_half.json", "distill_full"),
