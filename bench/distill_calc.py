@@ -142,8 +142,8 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", help="run only these arms (default: all ten, or twenty with --lr-schedule)")
     parser.add_argument("--mini-batches", type=int, default=MINI_BATCHES, help="optimizer steps a batch of the second arms")
     parser.add_argument("--lr", type=float, help="every arm's learning rate (default: demo.yaml's); runs named NAME-lrLR")
-    parser.add_argument("--against", metavar="GRPO_ARM",
-                        help="the GRPO arm every distillation's steps are divided by (default: the one with as many steps a batch)")
+    parser.add_argument("--against", metavar="GRPO_ARM", help="the GRPO arm every distillation's steps are divided by "
+                        "(default: the one with as many steps a batch and the same LR schedule)")
     parser.add_argument("--teacher-coef", type=float,
                         help="the distillation arms' algorithm.teacher_coef (default 1); runs named NAME-coefC")
     parser.add_argument("--lr-schedule", choices=["cosine"],
