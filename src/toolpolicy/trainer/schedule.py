@@ -32,9 +32,11 @@ def warmup_cosine(warmup: int, total: int, floor: float = 0.1) -> Schedule:
     [0.5, 1.0, 1.0, 0.55, 0.1, 0.1]
     """
 
+    ramp = warmup_constant(warmup)
+
     def factor(step: int) -> float:
         if step < warmup:
-            return (step + 1) / warmup
+            return ramp(step)
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
