@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/distill_calc.py [--student CHECKPOINT] [--steps 100] [--work runs/distill-calc]
         [--student-shape small|half] [--seeds 0 1 2] [--every 10] [--arms grpo_mb4 distill_full_mb4 ...]
-        [--mini-batches 4] [--lr 0.0003] [--teacher-coef 4] [--lr-schedule cosine] [--out bench/results/distill_calc.json]
+        [--mini-batches 4] [--lr 0.0003] [--teacher-coef 4] [--group-size 4] [--lr-schedule cosine]
+        [--to-target] [--out bench/results/distill_calc.json]
 
 Each phase runs `toolpolicy` as a user would, in a process of its own, and is skipped when
 its output exists, so a stopped run picks up where it was:
@@ -23,9 +24,11 @@ its output exists, so a stopped run picks up where it was:
    grpo_mb4, distill_mb4, distill_full_mb4, distill_forward_mb4, distill_full_reward_mb4; and
    with `--lr-schedule cosine` each of the ten again with the LR decayed on a cosine to a tenth
    over its run (`rl.lr_schedule`): grpo_cosine, ..., distill_full_reward_mb4_cosine.
-   `--arms` runs only the named ones.
+   `--arms` runs only the named ones. `--group-size G` runs every arm with groups of G and
+   as many episodes a step as demo.yaml (more tasks a step for smaller groups), named NAME-gG.
 7. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
-   model) of the teacher, the student and every checkpoint.
+   model) of the teacher, the student and every checkpoint (`--to-target`: each run's
+   checkpoints in order until the first within 2 points, which gives the same count for less).
 
 Steps 3-7 run once per `--seeds` seed (`run.seed`: the task draws and samples; the teacher
 and the student are the same for all). The result file holds, per arm and seed, the curve,
@@ -45,6 +48,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from toolpolicy.api import load_config
 
 from result_file import write_result  # bench/ is on the path of a script run from it
 from seed_interval import interval
@@ -146,6 +151,10 @@ def main() -> None:
                         "(default: the one with as many steps a batch and the same LR schedule)")
     parser.add_argument("--teacher-coef", type=float,
                         help="the distillation arms' algorithm.teacher_coef (default 1); runs named NAME-coefC")
+    parser.add_argument("--group-size", type=int, help="every arm's rl.group_size, with as many episodes a step as demo.yaml's "
+                        "(prompts_per_step x group_size fixed; default: its 8); runs named NAME-gG")
+    parser.add_argument("--to-target", action="store_true", help="evaluate each run's checkpoints in order only until one "
+                        "comes within 2 points (the count is the same; the curve stops there)")
     parser.add_argument("--lr-schedule", choices=["cosine"],
                         help="add each arm with this rl.lr_schedule (demo.yaml's: constant), named NAME_cosine")
     args = parser.parse_args()
@@ -166,6 +175,10 @@ def main() -> None:
 
     rate, rate_name = named_setting("rl.lr", args.lr, "lr")
     coef, coef_name = named_setting("algorithm.teacher_coef", args.teacher_coef, "coef")
+    shaped, shape_name = named_setting("rl.group_size", args.group_size, "g")
+    if args.group_size:
+        shaped["rl.prompts_per_step"] = episodes_per_step(CONFIG) // args.group_size
+    rate, rate_name = {**rate, **shaped}, rate_name + shape_name
     kinds = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **coef, **settings} for name, settings in DISTILLATIONS.items()}}
     variants = {"": {}, f"_mb{args.mini_batches}": {"algorithm.mini_batches": args.mini_batches}}  # grpo, grpo_mb4, ...
     if args.lr_schedule:  # ... and grpo_cosine, grpo_mb4_cosine, ...
@@ -185,9 +198,12 @@ def main() -> None:
             run_name = f"{name}-seed{seed}{rate_name}" + ("" if name.startswith("grpo") else coef_name)
             run = rl_run(runs_dir, run_name, student, args.steps, {"run.seed": seed, **rate, **settings}, threads, every=args.every)
             checkpoints = sorted((runs_dir / run_name / "rl" / "checkpoints").glob("step_*"))
-            curve = [(0, student_accuracy)] + [
-                (int(c.name.split("_")[1]), accuracy(work, f"{runs_dir.name}-{run_name}-{c.name}", c, {}, threads)) for c in checkpoints
-            ]
+            curve = [(0, student_accuracy)]
+            for checkpoint in checkpoints:
+                if args.to_target and curve[-1][1] >= target:
+                    break
+                held_out = accuracy(work, f"{runs_dir.name}-{run_name}-{checkpoint.name}", checkpoint, {}, threads)
+                curve.append((int(checkpoint.name.split("_")[1]), held_out))
             runs[name].append({"seed": seed, **run, "held_out": curve, "steps_to_within_2_points": first_within(curve, target)})
             print(f"{run_name}: within 2 points at step {runs[name][-1]['steps_to_within_2_points']}", flush=True)
     steps = {name: [run["steps_to_within_2_points"] for run in done] for name, done in runs.items()}
@@ -196,7 +212,7 @@ def main() -> None:
         "student": str(args.student) if args.student else {"name": args.student_shape, "shape": shape, "sft": student_sft},
         "eval": {"tasks": EVAL_TASKS, "samples": EVAL_SAMPLES},
         "seeds": args.seeds, "steps": args.steps, "every": args.every, "lr": args.lr, "mini_batches": args.mini_batches,
-        "teacher_coef": args.teacher_coef, "against": args.against,
+        "teacher_coef": args.teacher_coef, "group_size": args.group_size, "to_target": args.to_target, "against": args.against,
         "teacher_accuracy": teacher_accuracy, "student_accuracy": student_accuracy, "target": target,
         "steps_to_within_2_points": steps,
         "steps_ratio": {
@@ -207,6 +223,16 @@ def main() -> None:
         "runs": runs,
     })
     print(json.dumps({"teacher": teacher_accuracy, "student": student_accuracy, **steps}))
+
+
+def episodes_per_step(config: Path) -> int:
+    """Episodes a step of `config`: its prompts_per_step x group_size.
+
+    >>> episodes_per_step(CONFIG)
+    96
+    """
+    rl = load_config(config).rl
+    return rl.prompts_per_step * rl.group_size
 
 
 def named_setting(key: str, value: float | None, tag: str) -> tuple[dict[str, float], str]:

@@ -217,6 +217,12 @@ def test_resume_goes_on_with_the_runs_own_config(tmp_path: Path, capsys, monkeyp
     assert (run_dir / "config.yaml").read_text() == saved
     assert main(["train", "--resume", str(run_dir), "--set", "rl.steps=20", "--override"]) == 0
     assert resumed[-1][0].rl.steps == 20 and yaml.safe_load((run_dir / "config.yaml").read_text())["rl"]["steps"] == 20
+    assert "rl.lr_schedule cosine" not in capsys.readouterr().err  # a constant LR has no plan to change
+    # Under a cosine LR more steps stretch the decay: the LR jumps at the resumed step, and the note says so.
+    assert main(["train", "--resume", str(run_dir), "--set", "rl.lr_schedule=cosine", "--override"]) == 0
+    assert "rl.lr_schedule cosine" not in capsys.readouterr().err  # the same plan
+    assert main(["train", "--resume", str(run_dir), "--set", "algorithm.mini_batches=2", "--override"]) == 0
+    assert "decays over 40 optimizer steps now where the run planned 20" in capsys.readouterr().err
     assert main(["train", str(SMOKE), "--override"]) == 2
     assert "--override lets --set change a resumed run's saved config" in capsys.readouterr().err
 

@@ -9,6 +9,7 @@ rollout/) know nothing of the config.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,7 +59,20 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = (), override: bo
             f"--set would change {saved_file}: {'; '.join(changed)}. A resumed run goes on with the config it "
             "started with; add --override to change it anyway (config.yaml is rewritten)"
         )
+    replanned = planned_optimizer_steps(saved) != planned_optimizer_steps(resumed)
+    if resumed.rl.lr_schedule == "cosine" and replanned:
+        print(
+            f"note: rl.lr_schedule cosine decays over {planned_optimizer_steps(resumed)} optimizer steps now where the run "
+            f"planned {planned_optimizer_steps(saved)}: the LR jumps at the resumed step to where the new plan has it",
+            file=sys.stderr,
+        )
     return resumed
+
+
+def planned_optimizer_steps(cfg: Config) -> int:
+    """The optimizer steps an RL run plans (each step's batch in algorithm.mini_batches, each
+    passed over update_passes times), which rl.lr_schedule cosine decays over."""
+    return cfg.rl.steps * cfg.algorithm.mini_batches * cfg.algorithm.update_passes
 
 
 def prepare_run_dir(cfg: Config) -> Path:

@@ -324,7 +324,7 @@ class RLSection(Section):
     the run's last planned optimizer step, steps x algorithm.mini_batches x update_passes
     (cosine, as SFT's decay; a step that keeps no episode takes no optimizer step, so such a
     run ends above the tenth). The schedule counts from the run's start: a longer rl.steps
-    stretches it."""
+    stretches it (`--resume` with `--override` that changes the plan says so on stderr)."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of RL rollouts; 0 is greedy. The trainer recomputes log-probabilities
     at this same temperature, since the ratio to the rollout's own log-probabilities must be 1

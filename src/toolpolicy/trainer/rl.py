@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from toolpolicy.algorithms import Algorithm, first_groups
 from toolpolicy.algorithms.correction import Correction, mismatch_sums
 from toolpolicy.algorithms.distill import DIVERGENCES
-from toolpolicy.build import build_rubric, load_policy_model, trainable_policy
+from toolpolicy.build import build_rubric, load_policy_model, planned_optimizer_steps, trainable_policy
 from toolpolicy.chat import ChatTemplate
 from toolpolicy.checks import check_processes, require_init_from
 from toolpolicy.config import AlgorithmSection, Config, ConfigError
@@ -676,7 +676,7 @@ def train_rl(cfg: Config, run_dir: Path, resume: bool = False) -> Path:
         credit = DistilledCredit(credit, teacher, cfg.algorithm.teacher_coef, cfg.algorithm.teacher_alone)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=rl.lr, betas=(0.9, 0.99), weight_decay=cfg.optim.weight_decay)
-    planned = rl.steps * cfg.algorithm.mini_batches * cfg.algorithm.update_passes  # optimizer steps, if every step keeps episodes
+    planned = planned_optimizer_steps(cfg)  # if every step keeps episodes
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rl_schedule(rl.lr_schedule, rl.warmup_steps, planned))
     learner = Learner(
         model, reference, trainable, optimizer, scheduler, algorithm, correction,
