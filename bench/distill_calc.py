@@ -3,7 +3,7 @@
     .venv/bin/python bench/distill_calc.py [--student CHECKPOINT] [--steps 100] [--work runs/distill-calc]
         [--student-shape small|half] [--seeds 0 1 2] [--every 10] [--arms grpo_mb4 distill_full_mb4 ...]
         [--mini-batches 4] [--lr 0.0003] [--teacher-coef 4] [--group-size 4] [--lr-schedule cosine]
-        [--to-target] [--out bench/results/distill_calc.json]
+        [--to-target grpo_cosine ...] [--out bench/results/distill_calc.json]
 
 Each phase runs `toolpolicy` as a user would, in a process of its own, and is skipped when
 its output exists, so a stopped run picks up where it was:
@@ -27,7 +27,7 @@ its output exists, so a stopped run picks up where it was:
    `--arms` runs only the named ones. `--group-size G` runs every arm with groups of G and
    as many episodes a step as demo.yaml (more tasks a step for smaller groups), named NAME-gG.
 7. eval: held-out accuracy (EVAL_TASKS tasks x EVAL_SAMPLES samples, the same for every
-   model) of the teacher, the student and every checkpoint (`--to-target`: each run's
+   model) of the teacher, the student and every checkpoint (`--to-target ARM ...`: those arms'
    checkpoints in order until the first within 2 points, which gives the same count for less).
 
 Steps 3-7 run once per `--seeds` seed (`run.seed`: the task draws and samples; the teacher
@@ -153,8 +153,8 @@ def main() -> None:
                         help="the distillation arms' algorithm.teacher_coef (default 1); runs named NAME-coefC")
     parser.add_argument("--group-size", type=int, help="every arm's rl.group_size, with as many episodes a step as demo.yaml's "
                         "(prompts_per_step x group_size fixed; default: its 8); runs named NAME-gG")
-    parser.add_argument("--to-target", action="store_true", help="evaluate each run's checkpoints in order only until one "
-                        "comes within 2 points (the count is the same; the curve stops there)")
+    parser.add_argument("--to-target", nargs="+", default=[], metavar="ARM", help="evaluate these arms' checkpoints in order "
+                        "only until one comes within 2 points (the same count for less; the curve stops there)")
     parser.add_argument("--lr-schedule", choices=["cosine"],
                         help="add each arm with this rl.lr_schedule (demo.yaml's: constant), named NAME_cosine")
     args = parser.parse_args()
@@ -200,7 +200,7 @@ def main() -> None:
             checkpoints = sorted((runs_dir / run_name / "rl" / "checkpoints").glob("step_*"))
             curve = [(0, student_accuracy)]
             for checkpoint in checkpoints:
-                if args.to_target and curve[-1][1] >= target:
+                if name in args.to_target and curve[-1][1] >= target:
                     break
                 held_out = accuracy(work, f"{runs_dir.name}-{run_name}-{checkpoint.name}", checkpoint, {}, threads)
                 curve.append((int(checkpoint.name.split("_")[1]), held_out))

@@ -184,6 +184,9 @@ def test_distill_table_steps_per_seed_best_accuracy_and_an_unknown_arm():
     ]
     with pytest.raises(ValueError, match="no such arm in short.json: grpo"):
         distill_table(results, DistillTable((("x", "short.json", "grpo"),)))
+    # An arm evaluated only up to its first checkpoint within 2 points has no best to show.
+    results["long.json"]["to_target"] = ["grpo"]
+    assert distill_table(results, table).splitlines()[2] == "| GRPO | not in 100 | | 40 | evaluated up to the target only |"
 
 
 def test_bfcl_table_rows_intervals_and_an_unknown_run():

@@ -262,7 +262,8 @@ class DistillTable:
 
 def distill_table(results: dict[str, dict[str, Any]], table: DistillTable) -> str:
     """Steps until within 2 points of the teacher on each seed ("not in N" for a run of N steps
-    that did not get there) and the best held-out accuracy of each run, seed by seed."""
+    that did not get there) and the best held-out accuracy of each run, seed by seed (not for
+    an arm the file's `to_target` names: its runs were evaluated up to the target only)."""
     missing = [f"{source}: {arm}" for _, source, arm in table.rows if arm not in results[source]["runs"]]
     if missing:
         raise ValueError(f"no such arm in {', '.join(missing)}")
@@ -274,12 +275,13 @@ def distill_table(results: dict[str, dict[str, Any]], table: DistillTable) -> st
         reached = run["steps_to_within_2_points"]
         return f"not in {run['steps']}" if reached is None else str(reached)
 
-    def row(label: str, runs: list[dict[str, Any]]) -> tuple[str, ...]:
+    def row(label: str, runs: list[dict[str, Any]], to_target: bool) -> tuple[str, ...]:
         by_seed = {run["seed"]: run for run in runs}
         best = [max(accuracy for step, accuracy in run["held_out"] if step > 0) for run in runs]
-        return (label, *(steps(by_seed.get(seed)) for seed in seeds), " / ".join(_percent(value) for value in best))
+        shown = "evaluated up to the target only" if to_target else " / ".join(_percent(value) for value in best)
+        return (label, *(steps(by_seed.get(seed)) for seed in seeds), shown)
 
-    rows = [row(label, results[source]["runs"][arm]) for label, source, arm in table.rows]
+    rows = [row(label, results[source]["runs"][arm], arm in results[source].get("to_target", [])) for label, source, arm in table.rows]
     return _markdown(("method", *(f"seed {s}" for s in seeds), "best held-out, by seed"), rows)
 
 
@@ -309,6 +311,14 @@ DISTILL_TABLES: dict[str, DistillTable] = {
          "distill_full_reward_mb3_cosine"),
         ("reverse KL added to GRPO, 4 optimizer steps a batch, cosine LR over 40 steps", "bench/results/distill_calc_cosine_mb4.json",
          "distill_full_reward_mb4_cosine"),
+    )),
+    "distill-groups": DistillTable((
+        ("GRPO, groups of 8 (12 tasks a step)", "bench/results/distill_calc_cosine.json", "grpo_cosine"),
+        ("GRPO, groups of 4 (24 tasks a step)", "bench/results/distill_calc_groups4.json", "grpo_cosine"),
+        ("GRPO, groups of 2 (48 tasks a step)", "bench/results/distill_calc_groups2.json", "grpo_cosine"),
+        ("reverse KL added to GRPO, groups of 8", "bench/results/distill_calc_cosine.json", "distill_full_reward_mb3_cosine"),
+        ("reverse KL added to GRPO, groups of 4", "bench/results/distill_calc_groups4.json", "distill_full_reward_mb3_cosine"),
+        ("reverse KL added to GRPO, groups of 2", "bench/results/distill_calc_groups2.json", "distill_full_reward_mb3_cosine"),
     )),
     "distill-half": DistillTable((
         ("GRPO", "bench/results/distill_calc_half.json", "grpo"),
