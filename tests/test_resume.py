@@ -19,7 +19,9 @@ from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from toolpolicy.cli import main
 from toolpolicy.gate import verify
 from toolpolicy.model.files import CheckpointError
-from toolpolicy.trainer.checkpoint import STATE_FILE, checkpoint_dirs, latest_checkpoint, older_rollout_state, resume_from, save_checkpoint
+from toolpolicy.trainer.checkpoint import (
+    STATE_FILE, checkpoint_dirs, latest_checkpoint, older_rollout_state, resume_from, save_checkpoint, save_final,
+)
 
 from conftest import SMOKE
 from test_bad_files import cut, damage_pickle
@@ -179,18 +181,79 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def two_checkpoints(tmp_path: Path) -> Path:
-    """A phase folder with checkpoints step_000002 and step_000004 of a tiny model."""
+def _tiny_trainer() -> tuple:
+    """A tiny model, its tokenizer, optimizer and LR schedule: what save_checkpoint writes."""
     tokenizer = AutoTokenizer.from_pretrained(CALC_SFT)
     shape = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), **shape))
     optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return model, tokenizer, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path: Path) -> Path:
+    """A phase folder with checkpoints step_000002 and step_000004 of a tiny model."""
+    model, tokenizer, optimizer, scheduler = _tiny_trainer()
     phase_dir = tmp_path / "rl"
     for step in (2, 4):
         save_checkpoint(phase_dir, step, model, tokenizer, optimizer, scheduler, torch.Generator(), keep=2)
     return phase_dir
+
+
+def _torch_writer_fails(*args, **kwargs):
+    raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1024 vs 512\n"
+                       "PytorchStreamWriter failed writing file data/0: file write failed")
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("failure", ["the OS says ENOSPC", "torch's writer fails with little space left"])
+def test_a_full_disk_stops_with_a_clear_error_and_keeps_the_last_checkpoint(failure: str, two_checkpoints: Path, monkeypatch):
+    import toolpolicy.trainer.checkpoint as checkpoint
+
+    model, tokenizer, optimizer, scheduler = _tiny_trainer()
+    before = _files(two_checkpoints)
+    if failure == "the OS says ENOSPC":
+        monkeypatch.setattr(model, "save_pretrained", _disk_full)
+    else:
+        monkeypatch.setattr(checkpoint.torch, "save", _torch_writer_fails)
+        monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**10, 10**10 - 4096, 4096))
+    with pytest.raises(CheckpointError) as caught:
+        save_checkpoint(two_checkpoints, 6, model, tokenizer, optimizer, scheduler, torch.Generator(), keep=2)
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint step 6 could not be written to {two_checkpoints / 'checkpoints'}: the disk is full")
+    assert f"its last whole checkpoint, {two_checkpoints / 'checkpoints' / 'step_000004'}, is untouched" in message
+    assert message.endswith(f"go on with: toolpolicy train --resume {two_checkpoints.parent}")
+    assert _files(two_checkpoints) == before  # the half-written step_000006.tmp is gone, the others as they were
+    assert sorted(p.name for p in (two_checkpoints / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+
+
+def test_a_full_disk_at_the_final_model_keeps_the_checkpoints(two_checkpoints: Path, monkeypatch):
+    model, tokenizer, _, _ = _tiny_trainer()
+    monkeypatch.setattr(model, "save_pretrained", _disk_full)
+    before = _files(two_checkpoints)
+    with pytest.raises(CheckpointError, match=f"rl's final model could not be written to {two_checkpoints}: the disk is full"):
+        save_final(two_checkpoints, model, tokenizer)
+    assert _files(two_checkpoints) == before and not (two_checkpoints / "final.tmp").exists()
+
+
+def test_what_counts_as_a_full_disk():
+    import doctest
+
+    import toolpolicy.trainer.checkpoint
+
+    result = doctest.testmod(toolpolicy.trainer.checkpoint)
+    assert result.attempted >= 3 and result.failed == 0
+
+
+def test_a_write_that_fails_for_another_reason_is_raised_as_it_is(two_checkpoints: Path, monkeypatch):
+    model, tokenizer, optimizer, scheduler = _tiny_trainer()
+    monkeypatch.setattr(model, "save_pretrained", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    with pytest.raises(PermissionError):
+        save_checkpoint(two_checkpoints, 6, model, tokenizer, optimizer, scheduler, torch.Generator(), keep=2)
+    assert sorted(p.name for p in (two_checkpoints / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
 
 
 def test_a_resume_says_the_step_it_starts_from(two_checkpoints: Path, tmp_path: Path, capsys):

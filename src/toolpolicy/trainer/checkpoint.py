@@ -7,18 +7,22 @@ whose processes shard the model keeps the optimizer state in a folder of shards 
 written to a temporary folder and renamed into place, so a process killed mid-write leaves the previous checkpoint intact
 and never a half-written one. The data cursor of both loops is a pure function
 of the step, so the step is the cursor. A checkpoint damaged after it was written (a
-full disk, a bad copy) is passed over on resume for the one before it, with a warning.
+full disk, a bad copy) is passed over on resume for the one before it, with a warning; a
+write that fails on a full disk removes its temporary folder and stops the run with a
+CheckpointError naming the checkpoint kept (`written_whole`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
 import random
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -132,9 +136,23 @@ def save_checkpoint(
         shards.save(tmp)
     if not world.main:
         return final
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    state = {
+    with written_whole(tmp, f"checkpoint step {step}"):
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(trainer_state(step, optimizer, scheduler, sampler, rollouts, replay, shards), tmp / STATE_FILE)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in checkpoint_dirs(phase_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def trainer_state(
+    step: int, optimizer: torch.optim.Optimizer, scheduler: Any, sampler: torch.Generator | None,
+    rollouts: dict[str, Any] | None, replay: dict[str, Any] | None, shards: Shards | None,
+) -> dict[str, Any]:
+    """What trainer_state.pt holds (STATE_KEYS and the rollout pool's and replay's states)."""
+    return {
         "step": step,
         "rollouts": rollouts or {},
         "replay": replay or {},
@@ -146,12 +164,47 @@ def save_checkpoint(
             "sampler": sampler.get_state() if sampler is not None else None,
         },
     }
-    torch.save(state, tmp / STATE_FILE)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for old in checkpoint_dirs(phase_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+LOW_SPACE = 16 * 2**20
+"""Free bytes below which a failed write is taken for a full disk (torch's writer does not say why it failed)."""
+
+
+def out_of_space(error: BaseException, free: int) -> bool:
+    """Whether a write failed for lack of space: the OS said so (ENOSPC, also in the text
+    safetensors passes on), or `free` bytes are left on the disk.
+
+    >>> out_of_space(OSError(errno.ENOSPC, "No space left on device"), 10**9)
+    True
+    >>> out_of_space(RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed"), 4096)
+    True
+    >>> out_of_space(PermissionError(errno.EACCES, "Permission denied"), 10**9)
+    False
+    """
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error) or free < LOW_SPACE
+
+
+@contextmanager
+def written_whole(tmp: Path, what: str) -> Iterator[None]:
+    """Around the writes into `tmp` (the folder renamed into place once whole): if one fails,
+    `tmp` is removed, so nothing half-written is left, and a full disk is a CheckpointError
+    that says what was kept and how to go on."""
+    try:
+        yield
+    except Exception as error:
+        free = shutil.disk_usage(tmp.parent).free
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not out_of_space(error, free):
+            raise
+        phase_dir = tmp.parent.parent if tmp.parent.name == "checkpoints" else tmp.parent
+        kept = latest_checkpoint(phase_dir)
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(
+            f"{what} could not be written to {tmp.parent}: the disk is full ({first_line}; {free // 2**20} MB free). "
+            f"The run stopped there; its last whole checkpoint, {kept or 'none yet'}, is untouched. Free some space "
+            f"(run.keep_checkpoints is how many checkpoints a run keeps) and go on with: toolpolicy "
+            f"{'sft' if phase_dir.name == 'sft' else 'train'} --resume {phase_dir.parent}"
+        ) from None
 
 
 def save_final(phase_dir: Path, model: Any, tokenizer: Any) -> Path:
@@ -159,8 +212,9 @@ def save_final(phase_dir: Path, model: Any, tokenizer: Any) -> Path:
     final = phase_dir / "final"
     tmp = final.with_name("final.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    with written_whole(tmp, f"{phase_dir.name}'s final model"):
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
