@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from toolpolicy.api import load_config
+from toolpolicy.trainer.checkpoint import STATE_FILE
 
 from result_file import write_result  # bench/ is on the path of a script run from it
 from seed_interval import interval
@@ -112,12 +113,16 @@ def rl_run(
     work: Path, name: str, start: Path, steps: int, settings: dict[str, Any], threads: int, config: Path = CONFIG,
     every: int = EVERY,
 ) -> dict[str, Any]:
-    """RL from `start` with a checkpoint every `every` steps, all kept (unless it ran already)."""
+    """RL from `start` with a checkpoint every `every` steps, all kept (unless it ran already);
+    once the run is done only their models are kept, for the evaluation (the optimizer states,
+    two thirds of a checkpoint, are deleted)."""
     run_dir = work / name
     if not (run_dir / "rl" / "final").exists():
         kept = {"rl.init_from": start, "rl.steps": steps, "run.checkpoint_every": every, "run.keep_checkpoints": steps // every + 1,
                 "rl.store_rollouts": False, **settings}
         toolpolicy("train", run_dir, kept, threads, config=config)
+    for state in (run_dir / "rl" / "checkpoints").glob(f"step_*/{STATE_FILE}"):
+        state.unlink()
     rows = rl_rows(run_dir)
     return {
         "steps": len(rows),
