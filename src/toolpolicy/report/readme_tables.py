@@ -319,6 +319,8 @@ DISTILL_TABLES: dict[str, DistillTable] = {
         ("reverse KL added to GRPO, groups of 8", "bench/results/distill_calc_cosine.json", "distill_full_reward_mb3_cosine"),
         ("reverse KL added to GRPO, groups of 4", "bench/results/distill_calc_groups4.json", "distill_full_reward_mb3_cosine"),
         ("reverse KL added to GRPO, groups of 2", "bench/results/distill_calc_groups2.json", "distill_full_reward_mb3_cosine"),
+        ("reverse KL added to GRPO, groups of 2, teacher weight 2", "bench/results/distill_calc_groups2_coef2.json",
+         "distill_full_reward_mb3_cosine"),
     )),
     "distill-half": DistillTable((
         ("GRPO", "bench/results/distill_calc_half.json", "grpo"),
