@@ -183,7 +183,7 @@ def main() -> None:
     shaped, shape_name = named_setting("rl.group_size", args.group_size, "g")
     if args.group_size:
         shaped["rl.prompts_per_step"] = episodes_per_step(CONFIG) // args.group_size
-    rate, rate_name = {**rate, **shaped}, rate_name + shape_name
+    every_arm, every_arm_name = {**rate, **shaped}, rate_name + shape_name  # the flags every arm takes
     kinds = {"grpo": {}, **{name: {"algorithm.teacher": teacher, **coef, **settings} for name, settings in DISTILLATIONS.items()}}
     variants = {"": {}, f"_mb{args.mini_batches}": {"algorithm.mini_batches": args.mini_batches}}  # grpo, grpo_mb4, ...
     if args.lr_schedule:  # ... and grpo_cosine, grpo_mb4_cosine, ...
@@ -200,8 +200,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
     for seed in args.seeds:
         for name, settings in methods.items():
-            run_name = f"{name}-seed{seed}{rate_name}" + ("" if name.startswith("grpo") else coef_name)
-            run = rl_run(runs_dir, run_name, student, args.steps, {"run.seed": seed, **rate, **settings}, threads, every=args.every)
+            run_name = f"{name}-seed{seed}{every_arm_name}" + ("" if name.startswith("grpo") else coef_name)
+            run = rl_run(runs_dir, run_name, student, args.steps, {"run.seed": seed, **every_arm, **settings}, threads, every=args.every)
             checkpoints = sorted((runs_dir / run_name / "rl" / "checkpoints").glob("step_*"))
             curve = [(0, student_accuracy)]
             for checkpoint in checkpoints:

@@ -59,11 +59,11 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = (), override: bo
             f"--set would change {saved_file}: {'; '.join(changed)}. A resumed run goes on with the config it "
             "started with; add --override to change it anyway (config.yaml is rewritten)"
         )
-    replanned = planned_optimizer_steps(saved) != planned_optimizer_steps(resumed)
-    if resumed.rl.lr_schedule == "cosine" and replanned:
+    planned, replanned = planned_optimizer_steps(saved), planned_optimizer_steps(resumed)
+    if resumed.rl.lr_schedule == "cosine" and replanned != planned:
         print(
-            f"note: rl.lr_schedule cosine decays over {planned_optimizer_steps(resumed)} optimizer steps now where the run "
-            f"planned {planned_optimizer_steps(saved)}: the LR jumps at the resumed step to where the new plan has it",
+            f"note: rl.lr_schedule cosine decays over {replanned} optimizer steps now where the run planned {planned}: "
+            "the LR jumps at the resumed step to where the new plan has it",
             file=sys.stderr,
         )
     return resumed

@@ -413,17 +413,16 @@ def _train(args: argparse.Namespace) -> int:
 def _interrupted_line(command: str, cfg: Config, run_dir: Path) -> str:
     """What Ctrl-C during `command` (sft, train or demo) leaves: the steps done, the checkpoint a
     resume starts from, the command that resumes."""
-    from toolpolicy.trainer.checkpoint import MetricsLog, checkpoint_dirs, checkpoint_step
+    from toolpolicy.trainer.checkpoint import MetricsLog, checkpoint_dirs, checkpoint_step, resume_command
 
     phase = "rl" if command == "train" or (command == "demo" and (run_dir / "rl").exists()) else "sft"
-    trainer = "train" if phase == "rl" else "sft"
     done = MetricsLog(run_dir / "metrics.jsonl").last_step(phase)
     total = cfg.rl.steps if phase == "rl" else cfg.sft.steps
     found = checkpoint_dirs(run_dir / phase)
     start = f"its checkpoint of step {checkpoint_step(found[-1])}" if found else "step 0 (no checkpoint yet)"
     return (
         f"toolpolicy {command}: interrupted in {phase} after step {done} of {total}; "
-        f"resume from {start} with: toolpolicy {trainer} --resume {run_dir}"
+        f"resume from {start} with: {resume_command(run_dir / phase)}"
     )
 
 

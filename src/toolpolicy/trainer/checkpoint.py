@@ -136,7 +136,7 @@ def save_checkpoint(
         shards.save(tmp)
     if not world.main:
         return final
-    with written_whole(tmp, f"checkpoint step {step}"):
+    with written_whole(tmp, phase_dir, f"checkpoint step {step}"):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state(step, optimizer, scheduler, sampler, rollouts, replay, shards), tmp / STATE_FILE)
@@ -166,6 +166,11 @@ def trainer_state(
     }
 
 
+def resume_command(phase_dir: Path) -> str:
+    """The command that resumes the run whose phase folder (sft or rl) is `phase_dir`."""
+    return f"toolpolicy {'sft' if phase_dir.name == 'sft' else 'train'} --resume {phase_dir.parent}"
+
+
 LOW_SPACE = 16 * 2**20
 """Free bytes below which a failed write is taken for a full disk (torch's writer does not say why it failed)."""
 
@@ -185,10 +190,10 @@ def out_of_space(error: BaseException, free: int) -> bool:
 
 
 @contextmanager
-def written_whole(tmp: Path, what: str) -> Iterator[None]:
-    """Around the writes into `tmp` (the folder renamed into place once whole): if one fails,
-    `tmp` is removed, so nothing half-written is left, and a full disk is a CheckpointError
-    that says what was kept and how to go on."""
+def written_whole(tmp: Path, phase_dir: Path, what: str) -> Iterator[None]:
+    """Around the writes into `tmp` (a folder of `phase_dir`'s, renamed into place once whole): if
+    one fails, `tmp` is removed, so nothing half-written is left, and a full disk is a
+    CheckpointError that says what was kept and how to go on."""
     try:
         yield
     except Exception as error:
@@ -196,14 +201,12 @@ def written_whole(tmp: Path, what: str) -> Iterator[None]:
         shutil.rmtree(tmp, ignore_errors=True)
         if not out_of_space(error, free):
             raise
-        phase_dir = tmp.parent.parent if tmp.parent.name == "checkpoints" else tmp.parent
         kept = latest_checkpoint(phase_dir)
         first_line = (str(error).splitlines() or [type(error).__name__])[0]
         raise CheckpointError(
             f"{what} could not be written to {tmp.parent}: the disk is full ({first_line}; {free // 2**20} MB free). "
             f"The run stopped there; its last whole checkpoint, {kept or 'none yet'}, is untouched. Free some space "
-            f"(run.keep_checkpoints is how many checkpoints a run keeps) and go on with: toolpolicy "
-            f"{'sft' if phase_dir.name == 'sft' else 'train'} --resume {phase_dir.parent}"
+            f"(run.keep_checkpoints is how many checkpoints a run keeps) and go on with: {resume_command(phase_dir)}"
         ) from None
 
 
@@ -212,7 +215,7 @@ def save_final(phase_dir: Path, model: Any, tokenizer: Any) -> Path:
     final = phase_dir / "final"
     tmp = final.with_name("final.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    with written_whole(tmp, f"{phase_dir.name}'s final model"):
+    with written_whole(tmp, phase_dir, f"{phase_dir.name}'s final model"):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     shutil.rmtree(final, ignore_errors=True)
