@@ -269,6 +269,68 @@ def test_composed_entries_of_three_and_four_calls_ask_distinct_questions_of_one_
         composed_entries(env.pools["train"], 4, calls=(1,))
 
 
+def test_enumerated_entries_ask_one_said_value_as_a_list_and_expect_one_call_per_value(env, gate):
+    from toolpolicy.envs.bfcl.single_turn import ENUMERATED_CATEGORIES, enumerated_entries, mentions
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    enumerated = make_env("bfcl", enumerated=60, enumerated_calls=[2, 3, 4])
+    extra = enumerated.pools["train"][len(env.pools["train"]):]
+    assert enumerated.pools["train"][: len(env.pools["train"])] == env.pools["train"] and len(extra) == 60
+    assert enumerated.pools["eval"] == env.pools["eval"]  # the held-out side is untouched
+    assert {e.category for e in extra} == set(ENUMERATED_CATEGORIES)
+    kept = {e.id: e for e in env.pools["train"]}
+    for size, of_size in zip((2, 3, 4), (extra[:20], extra[20:40], extra[40:])):
+        for entry in of_size:
+            ids, parameter = entry.id.removeprefix("enumerated_").split(":")
+            sources = [kept[i] for i in ids.split("+")]
+            also = entry.category == "enumerated_parallel_multiple"
+            listed, partner = (sources[:-1], sources[-1]) if also else (sources, None)
+            assert len(listed) == size and len(entry.expected) == size + also
+            assert entry.functions == listed[0].functions
+            (function, first), = listed[0].expected[0].items()
+            for call, source in zip(entry.expected, listed):  # the first call's arguments, one value from each source
+                (name, arguments), = call.items()
+                source_value = next(iter(source.expected[0].values()))[parameter]
+                assert name == function and {k: v for k, v in arguments.items() if k != parameter} == {
+                    k: v for k, v in first.items() if k != parameter
+                }
+                assert sorted(map(str, arguments[parameter])) == sorted(map(str, source_value))
+                assert mentions(entry.messages[0].content, str(arguments[parameter][0])) == 1  # the question says it
+            if partner is not None:
+                assert entry.expected[-1] == partner.expected[0] and next(iter(partner.expected[0])) != function
+                assert partner.messages[0].content.rstrip(".?! ")[1:] in entry.messages[0].content
+    assert [e.id for e in enumerated_entries(env.pools["train"], 60)] == [e.id for e in extra]  # seeded
+    with pytest.raises(ConfigError, match="field 'env.enumerated': 2 entries of 2 calls asked, but the train split gives 0"):
+        enumerated_entries(env.pools["train"][:3], 3, calls=(2, 3))
+    # the demonstrator's answer is right by BFCL's verdict; without its last call it is wrong
+    writable = [e for e in extra if not {*e.id.removeprefix("enumerated_").split(":")[0].split("+")} & UNWRITABLE]
+    answers = [bfcl_answer(e) for e in writable]
+    short = [Message("assistant", "", a.tool_calls[:-1]) for a in answers]
+    rubric = Rubric.from_weights({"bfcl_correct": 1.0})
+    for answer_set, right in ((answers, 1.0), (short, 0.0)):
+        episodes = run(enumerated, gate, [e.id for e in writable], answer_set)
+        assert {rubric.score(e).total for e in episodes} == {right}
+    cfg = load_config(None, ["env=bfcl", "env.enumerated=60"])
+    assert [e.id for e in build_env(cfg.env).pools["train"]] == [e.id for e in enumerated.pools["train"]]
+
+
+def test_an_enumerated_value_keeps_its_quotes_and_a_number_is_not_found_inside_another():
+    from toolpolicy.envs.bfcl.single_turn import enumerate_value, mentions, said_values
+
+    def entry(entry_id: str, question: str, nickname: str) -> Entry:
+        return Entry(entry_id, "live_simple", [Message("user", question)], [{"name": "connect", "parameters": {}}],
+                     [{"connect": {"nickname": [nickname], "timeout": [60]}}])
+
+    first = entry("a", "Connect to the server 'SQL01' within 60 seconds.", "SQL01")
+    assert said_values(first) == [("nickname", "SQL01"), ("timeout", "60")]
+    made = enumerate_value(first, "nickname", "SQL01", [(entry("b", "Connect to pg1", "pg1"), "pg1"), (entry("c", "c", "db2"), "db2")])
+    assert made.messages[0].content == "Connect to the server 'SQL01', 'pg1' and 'db2' within 60 seconds."
+    assert [call["connect"]["nickname"] for call in made.expected] == [["SQL01"], ["pg1"], ["db2"]]
+    assert made.id == "enumerated_a+b+c:nickname" and made.category == "enumerated_parallel"
+    assert mentions("in 2023 and 2", "2") == 1 and mentions("Paris, paris", "PARIS") == 2
+    assert said_values(entry("d", "Is Paris or paris nicer?", "Paris")) == []  # said twice: which one to list?
+
+
 def test_prose_composed_entries_ask_the_same_questions_as_one_paragraph(env):
     from toolpolicy.envs.bfcl.single_turn import OPENINGS, composed_entries, prose, question_key
 

@@ -244,6 +244,11 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("then RL 10, lr 2e-4, `env.unanswerable: 300`", "rl10u300_lr2e-4", "sft300"),
         ("then RL 20, lr 2e-4, `env.unanswerable: 300`", "rl20u300_lr2e-4", "sft300"),
     ), category_digits=0, against="SFT"),
+    "bfcl-enumerated": BfclTable("bench/results/bfcl_smollm2_enumerated.json", (
+        ("SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "sft300", None),
+        ("then 50 SFT steps, composed questions as prose", "prose50", "sft300"),
+        ("the same 50 steps with 1,200 enumerated records added (instead)", "enumerated50", "prose50"),
+    ), against="the row above"),
     "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
         ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
@@ -320,6 +325,10 @@ DISTILL_TABLES: dict[str, DistillTable] = {
         ("reverse KL added to GRPO, groups of 4", "bench/results/distill_calc_groups4.json", "distill_full_reward_mb3_cosine"),
         ("reverse KL added to GRPO, groups of 2", "bench/results/distill_calc_groups2.json", "distill_full_reward_mb3_cosine"),
         ("reverse KL added to GRPO, groups of 2, teacher weight 2", "bench/results/distill_calc_groups2_coef2.json",
+         "distill_full_reward_mb3_cosine"),
+        ("GRPO, groups of 2, target from the teacher trained again (97.5%)", "bench/results/distill_calc_groups2_coef3.json",
+         "grpo_cosine"),
+        ("reverse KL added to GRPO, groups of 2, teacher weight 3, that teacher", "bench/results/distill_calc_groups2_coef3.json",
          "distill_full_reward_mb3_cosine"),
     )),
     "distill-half": DistillTable((

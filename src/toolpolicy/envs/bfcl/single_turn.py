@@ -426,6 +426,143 @@ def unanswerable_entries(train: tuple[Entry, ...] | list[Entry], n: int, seed: i
     )
 
 
+ENUMERATED_CATEGORIES = ("enumerated_parallel", "enumerated_parallel_multiple")
+
+
+def as_words(value: str) -> re.Pattern[str]:
+    """`value` as whole words, case aside ("2" is not in "2023")."""
+    return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)", re.IGNORECASE)
+
+
+def mentions(question: str, value: str) -> int:
+    """How often `value` occurs in `question` as whole words (`as_words`)."""
+    return len(as_words(value).findall(question))
+
+
+def spoken(value: Any) -> str | None:
+    """`value` as a question would say it, if it can stand in a list: a string of 2-40 characters
+    holding no comma, " and " or line break, or an integer; else None (a float's text is rarely
+    the question's, a boolean or an object is never said)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and 2 <= len(value) <= 40 and not re.search(r",|\n|\band\b", value, re.IGNORECASE):
+        return value
+    return None
+
+
+def said_values(entry: Entry) -> list[tuple[str, str]]:
+    """The (parameter, words) of a composable entry's call whose acceptable value the question says
+    exactly once (`spoken`, `mentions`): the values a list of others can stand in for."""
+    question = entry.messages[0].content
+    (arguments,) = entry.expected[0].values()
+    out = []
+    for parameter, acceptable in arguments.items():
+        words = next((w for w in map(spoken, acceptable) if w is not None and mentions(question, w) == 1), None)
+        if words is not None:
+            out.append((parameter, words))
+    return out
+
+
+def listed(words: list[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def enumerate_value(entry: Entry, parameter: str, said: str, others: list[tuple[Entry, str]], also: Entry | None = None) -> Entry:
+    """`entry`'s question with the value it says for `parameter` replaced by a list of it and the
+    values `others` say for the same parameter of the same function ("... in Paris?" -> "... in
+    Paris, Rome and Oslo?"), expecting one call per value, the rest of the call as it was; with
+    `also`, another entry of the same functions calling another function, its question after
+    this one as one paragraph (`prose`) and its call expected too."""
+    question = entry.messages[0].content
+    at = as_words(said).search(question)
+    assert at is not None  # said_values found it once
+    start, end = at.span()
+    quote = question[start - 1] if 0 < start and end < len(question) and question[start - 1] == question[end] in "'\"" else ""
+    words = [question[start:end], *(w for _, w in others)]
+    asked = question[: start - len(quote)] + listed([f"{quote}{w}{quote}" for w in words]) + question[end + len(quote):]
+    (function, arguments), = entry.expected[0].items()
+    calls = [entry.expected[0]]
+    for other, other_said in others:
+        acceptable = next(iter(other.expected[0].values()))[parameter]
+        value = next(v for v in acceptable if spoken(v) == other_said)
+        calls.append({function: {**arguments, parameter: [value, *(v for v in acceptable if v != value)]}})
+    ids = "+".join([entry.id, *(o.id for o, _ in others)])
+    if also is not None:
+        ids += "+" + also.id
+        asked = prose([asked, also.messages[0].content], random.Random(ids))
+        calls.append(also.expected[0])
+    return Entry(
+        id=f"enumerated_{ids}:{parameter}",
+        category=ENUMERATED_CATEGORIES[also is not None],
+        messages=[Message("user", asked)],
+        functions=entry.functions,
+        expected=calls,
+        language=entry.language,
+        shown=entry.shown,
+    )
+
+
+def enumerated_entries(
+    train: tuple[Entry, ...] | list[Entry], n: int, seed: int = 0, calls: tuple[int, ...] = (2, 3, 4), most: int = 2
+) -> list[Entry]:
+    """`n` enumerated entries (`enumerate_value`) of train entries, shared out evenly over the
+    numbers of calls in `calls` (the first sizes take what does not divide). Each stands a value
+    its question says (`said_values`) for a list of values other kept entries say for the same
+    parameter of the same function (its definition identical), each said once in the new question;
+    every second one, where the entry's function list has another function some kept entry
+    calls, also asks that entry's question (`enumerated_parallel_multiple`, one call more). Each entry starts at
+    most `most` entries of a size. The same `n`, `seed` and `calls` give the same entries."""
+    if n <= 0:
+        return []
+    kept = sorted((e for e in train if composable(e)), key=lambda e: e.id)
+    said: dict[tuple[str, str], list[tuple[Entry, str]]] = {}
+    callers: dict[str, list[Entry]] = {}
+    for entry in kept:
+        callers.setdefault(json.dumps(entry.functions, sort_keys=True), []).append(entry)
+        for parameter, words in said_values(entry):
+            said.setdefault((definition(entry), parameter), []).append((entry, words))
+    candidates = [(entry, parameter, words) for (_, parameter), pool in said.items() for entry, words in pool]
+    shares = [n // len(calls) + (i < n % len(calls)) for i in range(len(calls))]
+    out = []
+    for size, share in zip(calls, shares):
+        if size < 2:
+            raise ConfigError(f"field 'env.enumerated_calls': {size} is not a number of calls to enumerate; use 2 or more")
+        rng = random.Random(f"bfcl/enumerated/{seed}/{size}")
+        made: list[Entry] = []
+        uses: Counter[str] = Counter()
+        for entry, parameter, words in rng.sample(candidates, len(candidates)):
+            if len(made) == share:
+                break
+            question = entry.messages[0].content
+            pool = said[(definition(entry), parameter)]
+            others = {w.lower(): (o, w) for o, w in pool if w.lower() != words.lower() and not mentions(question, w)}
+            if uses[entry.id] >= most or len(others) < size - 1:
+                continue
+            chosen = rng.sample(sorted(others.values(), key=lambda pair: pair[1]), size - 1)
+            partners = [e for e in callers[json.dumps(entry.functions, sort_keys=True)] if called(e) != called(entry)]
+            also = rng.choice(partners) if partners and len(made) % 2 else None
+            enumerated = enumerate_value(entry, parameter, words, chosen, also)
+            if all(mentions(enumerated.messages[0].content, w) == 1 for w in [words, *(w for _, w in chosen)]):
+                made.append(enumerated)  # else one value holds another ("Drama", "Comedy-drama"): which call is which?
+                uses[entry.id] += 1
+        if len(made) < share:
+            raise ConfigError(
+                f"field 'env.enumerated': {share} entries of {size} calls asked, but the train split gives {len(made)}; "
+                "ask for fewer, or spread them over more sizes (env.enumerated_calls)"
+            )
+        out += made
+    return out
+
+
+def definition(entry: Entry) -> str:
+    """The definition of the function a composable entry calls, as a key: entries with the same one can share values."""
+    name = called(entry)
+    return json.dumps(next(f for f in entry.functions if f["name"] == name), sort_keys=True)
+
+
 def _not_run(**arguments: Any) -> str:
     return NOT_RUN
 
@@ -509,6 +646,9 @@ class BfclEnv:
         composed_style: how they ask their questions: one a line (`lines`), or as one
             paragraph with "First, ... Then, ..." (`prose`, as the held-out parallel entries ask).
         unanswerable: irrelevance entries added to `train` (`unanswerable_entries`), from the kept ones.
+        enumerated: entries added to `train` that ask for one value of a kept entry as a list of
+            several (`enumerated_entries`), one call each.
+        enumerated_calls: the numbers of calls the enumerated entries hold.
         max_functions: each `train` entry (composed and unanswerable ones included) offers at
             most this many functions, those it does not call dropped (`fewer_functions`);
             None offers all. The held-out entries offer 1 to 4; the live ones up to 37.
@@ -536,13 +676,17 @@ class BfclEnv:
         composed_calls: tuple[int, ...] = (2,),
         composed_style: str = "lines",
         unanswerable: int = 0,
+        enumerated: int = 0,
+        enumerated_calls: tuple[int, ...] = (2, 3, 4),
         max_functions: int | None = None,
     ) -> None:
         self.categories = known_categories(categories)
         split = v4_split()
         train = [e for e in split.train if e.category in self.categories]
-        added = composed_entries(train, composed, calls=tuple(composed_calls), style=composed_style) + unanswerable_entries(
-            train, unanswerable
+        added = (
+            composed_entries(train, composed, calls=tuple(composed_calls), style=composed_style)
+            + unanswerable_entries(train, unanswerable)
+            + enumerated_entries(train, enumerated, calls=tuple(enumerated_calls))
         )
         self.pools = {
             "train": [e if max_functions is None else fewer_functions(e, max_functions) for e in train + added],
