@@ -331,6 +331,11 @@ DISTILL_TABLES: dict[str, DistillTable] = {
         ("reverse KL added to GRPO, groups of 2, teacher weight 3, that teacher", "bench/results/distill_calc_groups2_coef3.json",
          "distill_full_reward_mb3_cosine"),
     )),
+    "distill-seeds10": DistillTable((
+        ("GRPO, groups of 2", "bench/results/distill_calc_groups2_coef3_seeds10.json", "grpo_cosine"),
+        ("reverse KL added to GRPO, groups of 2, teacher weight 3", "bench/results/distill_calc_groups2_coef3_seeds10.json",
+         "distill_full_reward_mb3_cosine"),
+    )),
     "distill-half": DistillTable((
         ("GRPO", "bench/results/distill_calc_half.json", "grpo"),
         ("distillation alone, reverse KL", "bench/results/distill_calc_half.json", "distill_full"),
