@@ -194,6 +194,11 @@ def entry_task(entry: Entry) -> Task:
 COMPOSED_CATEGORIES = ("composed_parallel", "composed_parallel_multiple")
 
 
+def function_list(entry: Entry) -> str:
+    """The functions an entry offers, as a key: entries with the same key offer the same schemas."""
+    return json.dumps(entry.functions, sort_keys=True)
+
+
 def composable(entry: Entry) -> bool:
     """An entry `compose` can join: an AST entry expecting exactly one call, asked in one user
     message and nothing else."""
@@ -275,7 +280,7 @@ def composed_entries(
         return []
     groups: dict[str, list[Entry]] = {}
     for entry in sorted((e for e in train if composable(e)), key=lambda e: e.id):
-        groups.setdefault(json.dumps(entry.functions, sort_keys=True), []).append(entry)
+        groups.setdefault(function_list(entry), []).append(entry)
     shares = [n // len(calls) + (i < n % len(calls)) for i in range(len(calls))]
     return [
         entry
@@ -513,18 +518,18 @@ def enumerated_entries(
     its question says (`said_values`) for a list of values other kept entries say for the same
     parameter of the same function (its definition identical), each said once in the new question;
     every second one, where the entry's function list has another function some kept entry
-    calls, also asks that entry's question (`enumerated_parallel_multiple`, one call more). Each entry starts at
-    most `most` entries of a size. The same `n`, `seed` and `calls` give the same entries."""
+    calls, also asks that entry's question (`enumerated_parallel_multiple`, one call more).
+    Each entry starts at most `most` entries of a size. The same `n`, `seed` and `calls` give the same entries."""
     if n <= 0:
         return []
     kept = sorted((e for e in train if composable(e)), key=lambda e: e.id)
     said: dict[tuple[str, str], list[tuple[Entry, str]]] = {}
     callers: dict[str, list[Entry]] = {}
     for entry in kept:
-        callers.setdefault(json.dumps(entry.functions, sort_keys=True), []).append(entry)
+        callers.setdefault(function_list(entry), []).append(entry)
         for parameter, words in said_values(entry):
             said.setdefault((definition(entry), parameter), []).append((entry, words))
-    candidates = [(entry, parameter, words) for (_, parameter), pool in said.items() for entry, words in pool]
+    candidates = [(entry, key, words) for key, pool in said.items() for entry, words in pool]
     shares = [n // len(calls) + (i < n % len(calls)) for i in range(len(calls))]
     out = []
     for size, share in zip(calls, shares):
@@ -533,16 +538,16 @@ def enumerated_entries(
         rng = random.Random(f"bfcl/enumerated/{seed}/{size}")
         made: list[Entry] = []
         uses: Counter[str] = Counter()
-        for entry, parameter, words in rng.sample(candidates, len(candidates)):
+        for entry, (definition_key, parameter), words in rng.sample(candidates, len(candidates)):
             if len(made) == share:
                 break
             question = entry.messages[0].content
-            pool = said[(definition(entry), parameter)]
+            pool = said[(definition_key, parameter)]
             others = {w.lower(): (o, w) for o, w in pool if w.lower() != words.lower() and not mentions(question, w)}
             if uses[entry.id] >= most or len(others) < size - 1:
                 continue
             chosen = rng.sample(sorted(others.values(), key=lambda pair: pair[1]), size - 1)
-            partners = [e for e in callers[json.dumps(entry.functions, sort_keys=True)] if called(e) != called(entry)]
+            partners = [e for e in callers[function_list(entry)] if called(e) != called(entry)]
             also = rng.choice(partners) if partners and len(made) % 2 else None
             enumerated = enumerate_value(entry, parameter, words, chosen, also)
             if all(mentions(enumerated.messages[0].content, w) == 1 for w in [words, *(w for _, w in chosen)]):
