@@ -126,6 +126,9 @@ def test_an_adapter_exported_in_bfloat16_is_half_the_size_and_loads_as_float32(l
     half = load_file(out / "adapter_model.safetensors")
     assert {t.dtype for t in full.values()} == {torch.float32} and {t.dtype for t in half.values()} == {torch.bfloat16}
     assert all(torch.equal(half[name], tensor.to(torch.bfloat16)) for name, tensor in full.items())
+    card = (out / "README.md").read_text()  # the model card, not peft's empty template
+    assert card.startswith("# adapter\n") and "A LoRA adapter (rank 8, alpha 16," in card and "in bfloat16" in card
+    assert f"`{(lora_run / 'rl' / 'base').resolve()}`" in card and "## The run's config" in card
     sizes = [(folder / "adapter_model.safetensors").stat().st_size for folder in (lora_run / "rl" / "final", out)]
     assert sizes[1] < 0.55 * sizes[0]
     loaded = PolicyModel.load(out)

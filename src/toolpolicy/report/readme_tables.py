@@ -249,6 +249,11 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("then 50 SFT steps, composed questions as prose", "prose50", "sft300"),
         ("the same 50 steps with 1,200 enumerated records added (instead)", "enumerated50", "prose50"),
     ), against="the row above"),
+    "bfcl-enumerated-rl": BfclTable("bench/results/bfcl_smollm2_enumerated_rl.json", (
+        ("SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "sft300", None),
+        ("then 50 SFT steps, prose and 1,200 enumerated records (`checkpoints/smollm2-bfcl-enumerated`)", "enumerated50", "sft300"),
+        ("then RL 30, `env.unanswerable: 200`", "rl30", "enumerated50"),
+    ), against="the row above"),
     "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
         ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
