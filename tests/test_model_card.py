@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from toolpolicy.model.card import CardFacts, card_facts, evaluations_of, model_card
+from toolpolicy.report.run_files import RunFileError
 
 ADAPTER = {"base_model_name_or_path": "models/base-merged", "r": 16, "lora_alpha": 32, "target_modules": ["v_proj", "q_proj"]}
 BFCL = {
@@ -72,3 +75,10 @@ def test_a_checkpoint_folder_card_has_no_run_config_and_no_scores(tmp_path: Path
     facts = card_facts(folder, folder, "again", "bfloat16", merged=False)
     assert facts.config_text is None and facts.scores == {}
     assert "## " not in model_card(facts)
+
+
+def test_a_broken_eval_file_stops_the_card_with_its_name(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    (run / "eval" / "sft.json").write_text('{"n": 96,')
+    with pytest.raises(RunFileError, match=r"eval/sft\.json:1: not valid JSON"):
+        card_facts(run, run / "sft" / "final", "ship", "bfloat16", merged=False)

@@ -482,10 +482,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from toolpolicy.registry import ExtensionError
     from toolpolicy.rollout.vllm_server import RolloutServerError
     from toolpolicy.trainer.sft_data import SftDataError
+    from toolpolicy.report.run_files import RunFileError
 
     return (
         ConfigError, PolicyError, BfclFileError, FileNotFoundError, CheckpointError, TrainingStalled, ChatFormatError,
-        DeviceUnavailable, SftDataError, ExportError, ExtensionError, RolloutServerError, EpisodesDropped,
+        DeviceUnavailable, SftDataError, ExportError, ExtensionError, RolloutServerError, EpisodesDropped, RunFileError,
     )
 
 

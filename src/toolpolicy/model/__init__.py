@@ -22,7 +22,6 @@ from transformers.utils.chat_template_utils import encode_marked_chat
 from toolpolicy.chat import ChatFormatError, ChatTemplate, HermesTemplate, JinjaTemplate
 from toolpolicy.chat.tools_block import served_template
 from toolpolicy.model.adapters import adapter_base, is_adapter, load_adapter, merged
-from toolpolicy.model.card import card_facts, model_card
 from toolpolicy.model.files import check_checkpoint, diagnose_tokenizer
 from toolpolicy.model.gguf import local_checkpoint
 from toolpolicy.model.placement import Placement, place
@@ -195,7 +194,10 @@ def export_model(source: str | Path, out: str | Path, merge: bool, dtype: str = 
     them back to the precision the run asks for. A chat template with no tools section is
     written with one in front (`served_template`), so a server shows the model its tools.
     README.md is the model card (`toolpolicy.model.card`): base, run config, scores."""
+    from toolpolicy.model.card import card_facts, model_card  # export alone reads run files; loading a model never does
+
     exported = newest_model(source)
+    facts = card_facts(Path(source), exported, Path(out).name, dtype, merge)  # a broken run file stops before anything is written
     model, tokenizer, _ = load_trained(exported)  # no chat format needed: weights and files only
     model = merged(model) if merge else model
     model.to(getattr(torch, dtype)).save_pretrained(out)
@@ -208,6 +210,5 @@ def export_model(source: str | Path, out: str | Path, merge: bool, dtype: str = 
             file=sys.stderr,
         )
     tokenizer.save_pretrained(out)
-    facts = card_facts(Path(source), exported, Path(out).name, dtype, merge)
     (Path(out) / "README.md").write_text(model_card(facts), encoding="utf-8")
     return Path(out)

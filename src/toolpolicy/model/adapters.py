@@ -34,10 +34,14 @@ def is_adapter(folder: str | Path) -> bool:
     return (Path(folder) / ADAPTER_CONFIG).is_file()
 
 
+def adapter_config(folder: str | Path) -> dict[str, Any]:
+    """An adapter checkpoint's adapter_config.json: its base, rank, alpha and target modules."""
+    return json.loads((Path(folder) / ADAPTER_CONFIG).read_text())
+
+
 def adapter_base(folder: str | Path) -> Path:
     """The base model folder an adapter checkpoint was trained on."""
-    config = json.loads((Path(folder) / ADAPTER_CONFIG).read_text())
-    return Path(config["base_model_name_or_path"])
+    return Path(adapter_config(folder)["base_model_name_or_path"])
 
 
 def attach_lora(model: torch.nn.Module, settings: LoraSettings, base: str | Path) -> torch.nn.Module:

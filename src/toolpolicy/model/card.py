@@ -4,13 +4,13 @@ scored, all read from the files the run keeps."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolpolicy.model.adapters import ADAPTER_CONFIG
+from toolpolicy.model.adapters import ADAPTER_CONFIG, adapter_config, is_adapter
+from toolpolicy.report.run_files import read_eval
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,10 @@ class CardFacts:
 def model_card(facts: CardFacts) -> str:
     """Markdown for the exported folder's README.md."""
     adapter = facts.adapter
-    if adapter is None or facts.merged:
+    whole = adapter is None or facts.merged
+    if whole:
         folded = f" with its LoRA adapter folded into `{adapter['base_model_name_or_path']}`" if adapter is not None else ""
         what = f"Whole model weights in {facts.dtype}, written by `toolpolicy export` from `{facts.source}`{folded}."
-        load = f"toolpolicy eval CONFIG --set eval.checkpoint={facts.name}"
     else:
         base = adapter["base_model_name_or_path"]
         modules = ", ".join(sorted(adapter.get("target_modules") or []))
@@ -46,9 +46,8 @@ def model_card(facts: CardFacts) -> str:
             f"`toolpolicy export` from `{facts.source}`. It loads on the base model folder `{base}` (its "
             f"`{ADAPTER_CONFIG}` names it); that folder must exist where the adapter is loaded from."
         )
-        load = f"toolpolicy eval CONFIG --set eval.checkpoint=PATH/TO/{facts.name}"
-    if any("model" in summary for summary in facts.scores.values()):
-        load = load.replace(" --set", " --bfcl v4 --set")
+    bfcl = "--bfcl v4 " if any(is_bfcl(summary) for summary in facts.scores.values()) else ""
+    load = f"toolpolicy eval CONFIG {bfcl}--set eval.checkpoint={facts.name if whole else f'PATH/TO/{facts.name}'}"
     lines = [f"# {facts.name}", "", what, "", "Score it with the config it was trained with:", "", "```", load, "```"]
     for name, summary in sorted(facts.scores.items()):
         lines += ["", *score_lines(name, summary)]
@@ -57,10 +56,15 @@ def model_card(facts: CardFacts) -> str:
     return "\n".join(lines) + "\n"
 
 
+def is_bfcl(summary: Mapping[str, Any]) -> bool:
+    """A BFCL summary (`toolpolicy eval --bfcl`) names its scored model `model`; a task evaluation's names it `checkpoint`."""
+    return "model" in summary
+
+
 def score_lines(name: str, summary: Mapping[str, Any]) -> list[str]:
     """An evaluation summary as markdown: BFCL's per-category accuracy (with its groups), or
     a task evaluation's accuracy, calls and pass^k."""
-    if "model" in summary:
+    if is_bfcl(summary):
         rows = [(category, row["n"], row["accuracy"]) for category, row in summary["by_category"].items()]
         lines = [
             f"## {name}: BFCL, the official checker's verdict (the run's `eval/{name}.json`)",
@@ -83,8 +87,7 @@ def score_lines(name: str, summary: Mapping[str, Any]) -> list[str]:
 def card_facts(source: Path, exported: Path, name: str, dtype: str, merged: bool) -> CardFacts:
     """What the card says about `exported`, the model `source` (a run folder or a model
     folder) resolved to: a run's config and its evaluations whose model is `exported`."""
-    adapter_file = exported / ADAPTER_CONFIG
-    adapter = json.loads(adapter_file.read_text()) if adapter_file.is_file() else None
+    adapter = adapter_config(exported) if is_adapter(exported) else None
     run = source if exported != source else None
     config = run / "config.yaml" if run is not None else None
     return CardFacts(
@@ -99,12 +102,12 @@ def card_facts(source: Path, exported: Path, name: str, dtype: str, merged: bool
 
 
 def evaluations_of(run: Path, model: Path) -> dict[str, dict[str, Any]]:
-    """The run's eval/<name>.json summaries whose scored model is `model` (BFCL writes it as
-    `model`, a task evaluation as `checkpoint`)."""
+    """The run's eval/<name>.json summaries whose scored model is `model` (see `is_bfcl`); a
+    file that is not a JSON object raises RunFileError naming it."""
     found = {}
     for path in sorted((run / "eval").glob("*.json")):
-        summary = json.loads(path.read_text())
-        scored = summary.get("model", summary.get("checkpoint")) if isinstance(summary, dict) else None
+        summary = read_eval(path)
+        scored = summary.get("model" if is_bfcl(summary) else "checkpoint")
         if scored is not None and Path(scored).resolve() == model.resolve():
             found[path.stem] = summary
     return found
