@@ -110,4 +110,8 @@ def test_eval_bfcl_v4_scores_a_served_oracle(tmp_path: Path, capsys) -> None:
     assert summary["by_category"]["simple_java"]["accuracy"] == 0.97
     assert all(summary["by_category"][c]["accuracy"] == 1.0 for c in ORACLE_CATEGORIES if c != "simple_java")
     assert summary["groups"]["relevance"] == 1.0 and summary["groups"]["non_live"] is None  # multiple and parallel not run
-    assert "live_parallel_multiple" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split() and line.split()[0] in ORACLE_CATEGORIES}
+    assert rows.keys() == set(ORACLE_CATEGORIES)  # the live categories are env bfcl's train split, never shown as held out
+    assert all(rows[c].endswith("train split" if c.startswith("live_") else "held out") for c in ORACLE_CATEGORIES)
+    assert "scored on its own training data" in out

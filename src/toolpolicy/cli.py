@@ -443,11 +443,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, not {args.limit}")
     if args.bfcl == "v4":
+        from toolpolicy.envs.bfcl.single_turn import TRAIN_CATEGORIES
         from toolpolicy.eval.bfcl import first_per_category, format_bfcl, score_bfcl
         from toolpolicy.eval.bfcl_v4 import bfcl_scores, load_v4, parse_categories
 
         entries = first_per_category(load_v4(parse_categories(args.categories)), args.limit)
-        print(format_bfcl(score_bfcl(cfg, checkpoint, entries, run_dir, name="bfcl_v4", groups=bfcl_scores)))
+        summary = score_bfcl(cfg, checkpoint, entries, run_dir, name="bfcl_v4", groups=bfcl_scores)
+        print(format_bfcl(summary, trained_on=TRAIN_CATEGORIES))
     elif args.bfcl:
         from toolpolicy.eval.bfcl import first_per_category, format_bfcl, load_entries, score_bfcl
 
