@@ -13,7 +13,7 @@ import pytest
 BENCH = Path(__file__).parent.parent / "bench"
 
 
-@pytest.mark.parametrize("module", ["distill_calc", "seed_interval"])
+@pytest.mark.parametrize("module", ["bfcl_pass_at_k", "distill_calc", "seed_interval"])
 def test_bench_docstring_examples_hold(module, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))  # a benchmark imports its neighbours as a script run from bench/ does
     loaded = importlib.import_module(module)

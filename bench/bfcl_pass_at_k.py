@@ -1,0 +1,78 @@
+"""How often a model is right on BFCL entries when it samples several answers: pass@k and pass^k.
+
+    python bench/bfcl_pass_at_k.py --out bench/results/bfcl_smollm2_pass_at_k.json \\
+        sft=s1.jsonl,s2.jsonl,s3.jsonl,s4.jsonl rl=r1.jsonl,r2.jsonl,r3.jsonl,r4.jsonl
+
+Each NAME=FILES is a model's per-entry results files, one per sample: `toolpolicy eval CONFIG
+--bfcl v4 --set eval.temperature=1.0 --set eval.seed=S` with a different seed each. Over the
+entries every file of the model scored, per k up to the number of files: pass@k, the chance
+that at least one of k answers drawn from an entry's n is right (the unbiased estimator,
+`toolpolicy.eval.metrics.pass_at_k`), and pass^k, that all k are (`pass_hat_k`); for all
+entries and for those that expect calls. pass@n above pass@1 is what RL can still reach by
+making the right answers the model already samples more likely.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from result_file import write_result  # bench/ is on the path of a script run from it
+
+from toolpolicy.eval.bfcl_v4 import HALLUCINATION
+from toolpolicy.eval.metrics import pass_at_k, pass_hat_k
+from toolpolicy.jsonl import read_objects
+
+
+def right_counts(samples: list[dict[str, dict]]) -> dict[str, int]:
+    """Entry id -> how many of the samples (each a file's rows by id) are right, over the ids all of them hold.
+
+    >>> right_counts([{"a": {"ok": True}, "b": {"ok": False}}, {"a": {"ok": True}, "b": {"ok": True}, "c": {"ok": True}}])
+    {'a': 2, 'b': 1}
+    """
+    shared = sorted(set.intersection(*(set(rows) for rows in samples)))
+    return {i: sum(bool(rows[i]["ok"]) for rows in samples) for i in shared}
+
+
+def pass_rates(counts: list[int], n: int) -> dict[str, float]:
+    """Mean pass@k and pass^k over entries with `counts` right of `n` samples each, k = 1..n.
+
+    >>> pass_rates([2, 0], 2)
+    {'pass@1': 0.5, 'pass@2': 0.5, 'pass^1': 0.5, 'pass^2': 0.5}
+    >>> pass_rates([1, 1], 2)
+    {'pass@1': 0.5, 'pass@2': 1.0, 'pass^1': 0.5, 'pass^2': 0.0}
+    """
+    at = {f"pass@{k}": sum(pass_at_k(n, c, k) for c in counts) / len(counts) for k in range(1, n + 1)}
+    hat = {f"pass^{k}": sum(pass_hat_k(n, c, k) for c in counts) / len(counts) for k in range(1, n + 1)}
+    return at | hat
+
+
+def model_rates(samples: list[dict[str, dict]]) -> dict:
+    counts = right_counts(samples)
+    calls = [c for i, c in counts.items() if samples[0][i]["category"] not in HALLUCINATION]  # they expect no call
+    n = len(samples)
+    return {"samples": n, "entries": len(counts), "all": pass_rates(list(counts.values()), n),
+            "calls": {"entries": len(calls), **pass_rates(calls, n)}}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="+", metavar="NAME=FILE,FILE,...")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    result = {}
+    for spec in args.models:
+        name, files = spec.split("=", 1)
+        samples = [{row["id"]: row for _, row in read_objects(Path(f), ValueError)} for f in files.split(",")]
+        result[name] = model_rates(samples)
+    write_result(args.out, result)
+    for name, rates in result.items():
+        for what in ("all", "calls"):
+            shown = "  ".join(f"{k} {v * 100:.1f}%" for k, v in rates[what].items() if k != "entries")
+            print(f"{name:<6} {what:<5} {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
