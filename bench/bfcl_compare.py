@@ -33,6 +33,16 @@ def scores(rows: list[dict]) -> dict:
     return {"n": summary["n"], "accuracy": summary["accuracy"], "by_category": by_category, "bfcl": bfcl_scores(summary["by_category"])}
 
 
+def entry_rows(file: str | Path) -> dict[str, dict]:
+    """A per-entry results file of `toolpolicy eval --bfcl`, its rows by entry id."""
+    return {row["id"]: row for _, row in read_objects(Path(file), ValueError)}
+
+
+def expects_calls(row: dict) -> bool:
+    """Whether the entry of a results row expects calls (every category but the irrelevance ones)."""
+    return row["category"] not in HALLUCINATION
+
+
 def difference(runs: dict[str, dict[str, dict]], before: str, after: str, ids: list[str]) -> dict:
     """Paired bootstrap of run `after`'s verdicts minus run `before`'s over the entries `ids`."""
     a, b = ([float(runs[name][i]["ok"]) for i in ids] for name in (before, after))
@@ -69,11 +79,11 @@ def main(argv: list[str]) -> int:
         pairs = compared(list(files), args.baseline, args.pairs)
     except ValueError as error:
         parser.error(str(error))
-    runs = {name: {row["id"]: row for _, row in read_objects(Path(file), ValueError)} for name, file in files.items()}
+    runs = {name: entry_rows(file) for name, file in files.items()}
     result: dict = {"runs": {name: scores(list(rows.values())) for name, rows in runs.items()}, "differences": {}}
     for before, after in pairs:
         shared = sorted(set(runs[before]) & set(runs[after]))
-        calls = [i for i in shared if runs[after][i]["category"] not in HALLUCINATION]  # they expect no call
+        calls = [i for i in shared if expects_calls(runs[after][i])]
         result["differences"][f"{after} - {before}"] = {**difference(runs, before, after, shared), "calls": difference(runs, before, after, calls)}
     write_result(args.out, result)
     for name, run in result["runs"].items():

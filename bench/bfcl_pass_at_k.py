@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from result_file import write_result  # bench/ is on the path of a script run from it
+from bfcl_compare import entry_rows, expects_calls  # bench/ is on the path of a script run from it
+from result_file import write_result
 
-from toolpolicy.eval.bfcl_v4 import HALLUCINATION
 from toolpolicy.eval.metrics import pass_at_k, pass_hat_k
-from toolpolicy.jsonl import read_objects
 
 
 def right_counts(samples: list[dict[str, dict]]) -> dict[str, int]:
@@ -50,7 +48,7 @@ def pass_rates(counts: list[int], n: int) -> dict[str, float]:
 
 def model_rates(samples: list[dict[str, dict]]) -> dict:
     counts = right_counts(samples)
-    calls = [c for i, c in counts.items() if samples[0][i]["category"] not in HALLUCINATION]  # they expect no call
+    calls = [c for i, c in counts.items() if expects_calls(samples[0][i])]
     n = len(samples)
     return {"samples": n, "entries": len(counts), "all": pass_rates(list(counts.values()), n),
             "calls": {"entries": len(calls), **pass_rates(calls, n)}}
@@ -64,7 +62,7 @@ def main(argv: list[str]) -> int:
     result = {}
     for spec in args.models:
         name, files = spec.split("=", 1)
-        samples = [{row["id"]: row for _, row in read_objects(Path(f), ValueError)} for f in files.split(",")]
+        samples = [entry_rows(f) for f in files.split(",")]
         result[name] = model_rates(samples)
     write_result(args.out, result)
     for name, rates in result.items():

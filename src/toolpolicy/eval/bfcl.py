@@ -158,12 +158,16 @@ def summarize_bfcl(results: list[dict[str, Any]]) -> dict[str, Any]:
 def format_bfcl(summary: dict[str, Any], trained_on: tuple[str, ...] = ()) -> str:
     """The summary as a table; with `trained_on`, a column saying which categories are those
     (a training split's) and which are held out, and a line saying what that means."""
-    split = (lambda name: f"  {'train split' if name in trained_on else 'held out'}") if trained_on else (lambda name: "")
+
+    def split(name: str) -> str:
+        if not trained_on or name == "all":
+            return ""
+        return "  train split" if name in trained_on else "  held out"
+
     header = f"{'category':<22}{'n':>5}{'accuracy':>10}{'reward':>8}" + ("  split" if trained_on else "")
     lines = [f"BFCL-style calls: {summary['model']}", header]
-    for name, row in summary["by_category"].items():
+    for name, row in [*summary["by_category"].items(), ("all", summary)]:
         lines.append(f"{name:<22}{row['n']:>5}{row['accuracy'] * 100:>9.1f}%{row['reward']['total']:>8.2f}{split(name)}")
-    lines.append(f"{'all':<22}{summary['n']:>5}{summary['accuracy'] * 100:>9.1f}%{summary['reward']['total']:>8.2f}")
     for name, score in (summary.get("groups") or {}).items():
         lines.append(f"{name:<27}" + (f"{score * 100:>9.1f}%" if score is not None else f"{'-':>10}"))
     if any(name in trained_on for name in summary["by_category"]):
