@@ -175,6 +175,88 @@ def test_the_dropped_counts_are_the_docstring_table():
     assert len(v4_split().train) == 1999 and len(v4_split().held_out) == 1390
 
 
+def test_archived_entries_are_split_like_live_ones_and_counted_as_the_docstring_tables():
+    """Against the files read afresh (`load_archived`), the overlap computed here."""
+    import toolpolicy.envs.bfcl.single_turn as module
+    from toolpolicy.envs.bfcl.single_data import ARCHIVED_CATEGORIES, load_archived
+    from toolpolicy.envs.bfcl.single_turn import ARCHIVED_DROPPED
+
+    held_out = [e for e in load_v4() if e.category in HELD_OUT_CATEGORIES]
+    questions, functions = {user_text(e) for e in held_out} - {""}, set().union(*(names(e) for e in held_out))
+    archived = load_archived()
+    split = v4_split(archived=True)
+    assert [e for e in split.train if e.category in TRAIN_CATEGORIES] == list(v4_split().train)  # live: as without
+    assert {e.category for e in archived} == set(ARCHIVED_CATEGORIES)
+    kept = {e.id for e in split.train}
+    for entry in archived:
+        shared = {f"function {name}" for name in names(entry) & functions} | ({"question"} if user_text(entry) in questions else set())
+        assert (entry.id not in kept and set(split.dropped[entry.id]) == shared) if shared else entry.id in kept, entry.id
+    counts = split.counts()
+    assert {c: counts[c]["dropped"] for c in ARCHIVED_CATEGORIES if counts[c]["dropped"]} == ARCHIVED_DROPPED
+    rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in module.__doc__.splitlines()
+            if line.strip().startswith("exec_") and line.split()[1].isdigit()}
+    assert set(rows) == set(ARCHIVED_CATEGORIES)
+    for category in ARCHIVED_CATEGORIES:
+        n = counts[category]
+        assert rows[category] == [n["entries"], n["dropped"], n["train"], n["question"], n["function"]], category
+    assert sum(counts[c]["train"] for c in ARCHIVED_CATEGORIES) == 132
+
+
+def test_archived_answers_are_read_as_possible_answers_that_bfcls_checker_takes():
+    """Each archived entry's demonstration passes ours and BFCL's own ast_checker and fits its
+    schema, but for three left out, read here anyway: one no call passes, two whose answer no
+    call fitting the schema can give; an answer that is an expression is refused, the file named."""
+    import doctest
+
+    import jsonschema
+
+    import toolpolicy.envs.bfcl.single_data as single_data
+    from toolpolicy.envs.bfcl.single_data import ARCHIVED_LEFT_OUT, BfclFileError, executable_answer, load_archived
+    from toolpolicy.envs.bfcl.single_turn import checked_schema
+    from toolpolicy.eval.bfcl_agreement import official_checker
+    from toolpolicy.rewards.bfcl import verdict
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    assert doctest.testmod(single_data).failed == 0
+    official = official_checker()
+    readable = {"exec_multiple_45", "exec_parallel_31", "exec_parallel_multiple_31"}
+    read = load_archived(left_out={i: why for i, why in ARCHIVED_LEFT_OUT.items() if i not in readable})
+    verdicts = {}
+    for entry in read:
+        answer = bfcl_answer(entry)
+        schemas = {spec.name: checked_schema(spec) for spec in entry.specs()}
+        fits = all(jsonschema.Draft202012Validator(schemas[c.name]).is_valid(dict(c.arguments)) for c in answer.tool_calls)
+        calls = entry.called(list(answer.tool_calls))
+        verdicts[entry.id] = (verdict(calls, **entry.scoring()).ok, official(entry, calls), fits)
+    assert {i: v for i, v in verdicts.items() if v != (True, True, True)} == {
+        "exec_multiple_45": (False, False, False),
+        "exec_parallel_31": (True, True, False),
+        "exec_parallel_multiple_31": (True, True, False),
+    }
+    assert len(load_archived()) == len(read) - len(readable) == 234
+    exec_simple = {e.id: e for e in read}["exec_simple_0"]
+    assert exec_simple.expected == [{"calc_binomial_probability": {"n": [20], "k": [5], "p": [0.6]}}]
+    with pytest.raises(BfclFileError, match=r"x.json: exec_multiple_0: answer 'f\(p=1/6\)' cannot be read"):
+        executable_answer(["f(p=1/6)"], [{"name": "f", "parameters": {"properties": {"p": {}}}}], "x.json: exec_multiple_0")
+
+
+def test_archived_entries_train_through_the_gate_and_engine_and_compose():
+    env = BfclEnv(("live_parallel", "simple_python"), archived=True, composed=20, composed_calls=(2,), enumerated=20, enumerated_calls=(2,))
+    from toolpolicy.trainer.demonstrators import bfcl_answer
+
+    archived = [e for e in env.pools["train"] if e.category.startswith("exec_")]
+    assert len(archived) == 132 and not {e.id for e in archived} & set(BfclEnv().entries)
+    ids = [e.id for e in archived]
+    episodes = run(env, Gate(allow_all_policy(), env.tools), ids, [bfcl_answer(env.entries[i]) for i in ids])
+    rubric = Rubric.from_weights(env.default_rewards)
+    assert all(rubric.score(e).components["bfcl_correct"] == 1.0 and not e.count("invalid_call") for e in episodes)
+    made = [e for e in env.pools["train"] if e.category.startswith(("composed", "enumerated"))]
+    assert len(made) == 40 and sum("exec_" in e.id for e in made) >= 30  # 5 live_parallel entries beside 132 archived
+    assert {t.info["category"] for t in env.tasks("eval", 200, seed=0)} <= set(HELD_OUT_CATEGORIES)
+    cfg = load_config(None, ["env=bfcl", "env.archived=true"])
+    assert build_env(cfg.env).archived is True
+
+
 def test_a_run_of_user_messages_is_one_turn_so_templates_that_alternate_roles_take_it():
     """Three live_irrelevance entries ask in several user messages in a row, which Gemma 3's
     template refuses: each run is one message of the run's contents, a paragraph each."""
@@ -451,7 +533,8 @@ def test_fewer_functions_drops_only_functions_no_expected_call_names(env, gate):
 # ---- the demonstrator ----------------------------------------------------------------------
 
 
-def test_demonstrations_of_the_whole_train_split_pass_the_checker_but_unwritable_answers(env):
+@pytest.mark.parametrize("optional", [False, True], ids=["optional-left-out", "optional-given"])
+def test_demonstrations_of_the_whole_train_split_pass_the_checker_but_unwritable_answers(env, optional):
     from toolpolicy.eval.bfcl_agreement import INTENDED_ANSWER_REJECTED, official_checker
     from toolpolicy.rewards.bfcl import verdict
     from toolpolicy.trainer.demonstrators import bfcl_answer
@@ -459,7 +542,7 @@ def test_demonstrations_of_the_whole_train_split_pass_the_checker_but_unwritable
     official = official_checker()
     accepted, rejected = 0, set()
     for entry in env.pools["train"]:
-        calls = entry.called(list(bfcl_answer(entry).tool_calls))
+        calls = entry.called(list(bfcl_answer(entry, optional).tool_calls))
         ok = verdict(calls, **entry.scoring()).ok
         if entry.kind == "ast" and entry.expected:
             assert official(entry, calls) is ok, entry.id  # BFCL's own ast_checker agrees
@@ -467,6 +550,43 @@ def test_demonstrations_of_the_whole_train_split_pass_the_checker_but_unwritable
         rejected |= set() if ok else {entry.id}
     assert (accepted, rejected) == (1994, UNWRITABLE)
     assert UNWRITABLE <= set(INTENDED_ANSWER_REJECTED)
+
+
+def test_the_demonstrator_gives_an_optional_parameter_its_value_when_asked_and_counts_the_slots_as_its_docstring(env):
+    """`demonstrator.optional: given` writes each parameter the possible answer lets be left out
+    but gives a value to, with that value; the share of such slots per side is what the
+    demonstrator's docstring says."""
+    from toolpolicy.trainer.demonstrators import bfcl_answer, bfcl_demonstrator
+
+    entry = env.entries["live_simple_0-0-0"]
+    assert entry.expected == [{"get_user_info": {"user_id": [7890], "special": ["black"]}}]
+    assert bfcl_answer(entry) == bfcl_answer(entry, True)  # no "" here: both give every parameter
+    def both(table: dict) -> set[str]:  # the parameters that may be left out and have a value besides null
+        return {p for p, v in table.items() if "" in v and any(x not in ("", None) for x in v)}
+
+    def nulled(table: dict) -> set[str]:  # those that may be left out or be null, nothing else
+        return {p for p, v in table.items() if "" in v and None in v and all(x in ("", None) for x in v)}
+
+    optional = next(e for e in env.pools["train"] if len(e.expected) == 1 and both(e.expected[0][next(iter(e.expected[0]))]))
+    ((function, table),) = optional.expected[0].items()
+    left_out, given = bfcl_answer(optional).tool_calls[0].arguments, bfcl_answer(optional, True).tool_calls[0].arguments
+    assert not both(table) & set(left_out) and both(table) <= set(given)
+    assert {p: given[p] for p in both(table)} == {p: next(x for x in table[p] if x not in ("", None)) for p in both(table)}
+    with_null = next(e for e in env.pools["train"] if len(e.expected) == 1 and nulled(e.expected[0][next(iter(e.expected[0]))]))
+    assert not nulled(with_null.expected[0][next(iter(with_null.expected[0]))]) & set(bfcl_answer(with_null, True).tool_calls[0].arguments)
+    assert bfcl_demonstrator(env.task(optional.id), random.Random(0), env, optional="given")[0].tool_calls[0].arguments == given
+
+    def shares(entries: list[Entry]) -> tuple[int, int]:
+        slots = [v for e in entries for c in e.expected for t in c.values() for v in t.values()]
+        return round(100 * sum("" not in v for v in slots) / len(slots)), round(100 * sum("" in v and len(v) > 1 for v in slots) / len(slots))
+
+    doc = " ".join(bfcl_demonstrator.__doc__.split())
+    held_out, live = shares(list(v4_split().held_out)), shares(list(v4_split().train))
+    assert f"held-out answers require a value for {held_out[0]}% of the parameters they name and let {held_out[1]}%" in doc
+    assert f"the live ones require one for {live[0]}% and let {live[1]}%" in doc
+    assert load_config(None, ["env=bfcl", "demonstrator.optional=given"]).demonstrator.options == {"optional": "given"}
+    with pytest.raises(ConfigError, match="demonstrator.optional"):
+        load_config(None, ["env=bfcl", "demonstrator.optional=sometimes"])
 
 
 def test_the_demonstrator_is_found_by_the_environments_name():

@@ -191,7 +191,7 @@ class EnvSection(NamedSection):
     """Environment: a built-in (calc, hotel, bfcl_multi_turn, bfcl, agentdojo), an installed package's entry point (group
     toolpolicy.envs) or an import path `module:Class` (`mypkg.envs:Adder`; see docs/environments.md). Every
     other field of this section is one of its keyword options (bfcl: categories, composed, composed_calls, composed_style,
-    unanswerable, enumerated, enumerated_calls, max_functions; agentdojo: suite, attack; `toolpolicy config` lists them)."""
+    unanswerable, enumerated, enumerated_calls, max_functions, archived; agentdojo: suite, attack; `toolpolicy config` lists them)."""
     user: str = ""
     """User simulator of an environment that takes one (`user=`): a built-in (scripted), an entry
     point (group toolpolicy.users) or an import path to a factory `(task) -> User`; empty keeps the

@@ -137,12 +137,13 @@ def written(entry: Entry, schema: dict[str, Any], value: Any) -> Any:
     return (java_literal if entry.language == "java" else js_literal)(value, kind, item_kind)
 
 
-def answer_values(entry: Entry, last: bool = False, minimal: bool = False) -> list[ToolCall]:
+def answer_values(entry: Entry, last: bool = False, minimal: bool = False, optional: bool = False) -> list[ToolCall]:
     """The expected calls with acceptable values, in order, before any is written as a literal.
 
     By default a parameter is given when its first acceptable value is not "" (the
     last value with `last`). `minimal` is the oracle's answer: only the parameters
-    the schema requires or the answer cannot do without, each with its first value.
+    the schema requires or the answer cannot do without, each with its first value;
+    with `optional` too, every parameter that has an acceptable value besides "" and null.
     """
     calls = []
     for k, want in enumerate(entry.expected):
@@ -153,6 +154,9 @@ def answer_values(entry: Entry, last: bool = False, minimal: bool = False) -> li
             if minimal:
                 values = [o for o in options if o != ""]
                 given = bool(values) and (param in required or "" not in options)
+                if optional and not given:  # may be left out: given a value, if one besides null
+                    values = [o for o in values if o is not None]
+                    given = bool(values)
                 value = values[0] if given else None
             else:
                 given, value = pick(options, last)
@@ -162,11 +166,11 @@ def answer_values(entry: Entry, last: bool = False, minimal: bool = False) -> li
     return calls
 
 
-def right_calls(entry: Entry, last: bool = False, minimal: bool = False) -> list[ToolCall]:
+def right_calls(entry: Entry, last: bool = False, minimal: bool = False, optional: bool = False) -> list[ToolCall]:
     """`answer_values` as a model would send them."""
     return [
         ToolCall(c.name, {p: written(entry, _schema(entry, c.name, p), v) for p, v in c.arguments.items()}, c.id)
-        for c in answer_values(entry, last, minimal)
+        for c in answer_values(entry, last, minimal, optional)
     ]
 
 

@@ -259,6 +259,11 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("then RL 30, `env.unanswerable: 200`", "rl30", "enumerated50"),
         ("the same run resumed to 70 steps", "rl70", "enumerated50"),
     ), against="the enumerated SFT"),
+    "bfcl-optional-given": BfclTable("bench/results/bfcl_smollm2_optional_given.json", (
+        ("SFT 300, then 50 steps with prose and 1,200 enumerated records (`checkpoints/smollm2-bfcl-enumerated`)", "enumerated50", None),
+        ("the same 50 steps, `demonstrator.optional: given` (instead)", "given50", "enumerated50"),
+        ("then RL 30, `env.unanswerable: 200`", "given50_rl30", "given50"),
+    ), against="the row above"),
     "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
         ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -71,19 +71,24 @@ NO_FUNCTION_FITS = "None of the functions I have fits this request, so I will no
 """The bfcl demonstrator's answer to an irrelevance entry: plain text, no call."""
 
 
-def bfcl_demonstrator(task: Task, rng: random.Random, env: Env) -> list[Message]:
-    """One right answer to a BFCL single-turn entry (`bfcl_answer`); exact, `rng` unused."""
-    return [bfcl_answer(env.entries[task.id])]  # type: ignore[attr-defined]
+def bfcl_demonstrator(task: Task, rng: random.Random, env: Env, *, optional: Literal["left_out", "given"] = "left_out") -> list[Message]:
+    """One right answer to a BFCL single-turn entry (`bfcl_answer`); exact, `rng` unused.
+    `optional`: what becomes of a parameter the possible answer lets be left out ("") but also
+    gives a value other than null: left out, or given that value. BFCL's held-out answers require a value for 88%
+    of the parameters they name and let 11% be left out or given; the live ones require one for
+    64% and let 36% be left out or given (docs/bfcl.md)."""
+    return [bfcl_answer(env.entries[task.id], optional == "given")]  # type: ignore[attr-defined]
 
 
-def bfcl_answer(entry: Any) -> Message:
+def bfcl_answer(entry: Any, optional: bool = False) -> Message:
     """The demonstrator's assistant message for one BFCL single-turn entry (single_data.Entry):
 
     - irrelevance (no expected call): NO_FUNCTION_FITS, no call;
     - relevance (any call passes): a call the gate admits to the function sharing the most
       words with the question, its required parameters filled (`_filled`);
     - otherwise the possible answer's calls, each parameter at its first acceptable value,
-      the optional ones whose acceptable values include "" (may be left out) left out
+      the optional ones whose acceptable values include "" (may be left out) left out, or
+      with `optional` given their first other value where they have one besides null
       (eval.bfcl_agreement's `right_calls(minimal=True)`), named as the model is shown them.
 
     An entry whose possible answer cannot be written (a required parameter with no acceptable
@@ -95,7 +100,7 @@ def bfcl_answer(entry: Any) -> Message:
         return Message("assistant", "", (_relevant_call(entry),))
     if not entry.expected:
         return Message("assistant", NO_FUNCTION_FITS)
-    calls = tuple(ToolCall(shown_name(c.name), c.arguments) for c in right_calls(entry, minimal=True))
+    calls = tuple(ToolCall(shown_name(c.name), c.arguments) for c in right_calls(entry, minimal=True, optional=optional))
     return Message("assistant", "", calls)
 
 

@@ -12,12 +12,17 @@ The model sees each entry as BFCL shows it to a function-calling model: every
 description ends with the language hint, Java and JavaScript parameters are strings
 holding a source literal (their type named in the description), and "." in function
 names is written "_". Irrelevance entries expect no call, relevance entries any call.
+
+`load_archived` reads the categories of earlier BFCL versions that v4 keeps under
+`data/unused_datasets/` and scores nowhere (ARCHIVED_CATEGORIES), as train material.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +36,21 @@ AST_CATEGORIES = (
 )
 RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
 CATEGORIES = AST_CATEGORIES + RELEVANCE_CATEGORIES
+ARCHIVED_CATEGORIES = ("exec_simple", "exec_multiple", "exec_parallel", "exec_parallel_multiple")
+"""Categories of earlier BFCL versions that v4 ships under `data/unused_datasets/` and scores in no
+category of its own: train material only (`load_archived`). Its sql entries are not among them:
+their schema asks `conditions` as a list of lists of strings and their answers give a list of
+strings, which BFCL's checker takes and a schema check refuses."""
+ARCHIVED_LEFT_OUT = {
+    "exec_multiple_0": "its answer is an expression (p=1/6), not a value",
+    "exec_parallel_multiple_11": "its answer is an expression (amount=500*500), not a value",
+    "exec_parallel_multiple_18": "its answer passes a value by position",
+    "exec_multiple_45": "its answer passes a parameter the function does not take: no call passes the checker",
+    "exec_parallel_31": "its answer passes matrices where the schema asks a list of integers: no call fits both",
+    "exec_parallel_multiple_31": "its answer passes matrices where the schema asks a list of integers: no call fits both",
+}
+"""Archived entries `load_archived` leaves out, and why (tests/test_bfcl_env.py checks the last
+three against BFCL's checker and the schema)."""
 Category = Literal[CATEGORIES]  # type: ignore[valid-type]  # a BFCL v4 single-turn category, checked where a config names one
 INSTALL = "pip install --no-deps bfcl-eval==2026.3.23"
 _HINTS = {"python": "Python 3 syntax", "java": "Java 8 SDK syntax", "javascript": "JavaScript syntax"}
@@ -137,8 +157,69 @@ def load_v4(categories: tuple[str, ...] = CATEGORIES, folder: Path | None = None
         rows = _read(folder / f"BFCL_v4_{category}.json")
         answers = {} if category in RELEVANCE_CATEGORIES else {r["id"]: r["ground_truth"] for r in _read(folder / "possible_answer" / f"BFCL_v4_{category}.json")}
         for row in rows:
-            entries.append(_entry(row, category, answers, folder))
+            entries.append(_entry(row, category, answers, folder / f"BFCL_v4_{category}.json"))
     return entries
+
+
+def load_archived(folder: Path | None = None, left_out: Mapping[str, str] = ARCHIVED_LEFT_OUT) -> list[Entry]:
+    """Every entry of the ARCHIVED_CATEGORIES, with answers in the AST form of the others.
+
+    Their answers are written as the calls an executable checker ran ("f(n=20, k=5, p=0.6)");
+    `executable_answer` reads them. The entries of `left_out` (ARCHIVED_LEFT_OUT's 6) are not read.
+    """
+    folder = (folder or data_folder()) / "unused_datasets"
+    entries = []
+    for category in ARCHIVED_CATEGORIES:
+        answers = {r["id"]: r["ground_truth"] for r in _read(folder / "possible_answer" / f"BFCL_v4_{category}.json")}
+        path = folder / "question" / f"BFCL_v4_{category}.json"
+        for row in _read(path):
+            if row["id"] in left_out:
+                continue
+            if row["id"] in answers:
+                answers[row["id"]] = executable_answer(answers[row["id"]], row["function"], f"{path}: {row['id']}")
+            entries.append(_entry(row, category, answers, path))
+    return entries
+
+
+def executable_answer(calls: list[str], functions: list[dict[str, Any]], where: str) -> list[dict[str, dict[str, list[Any]]]]:
+    """Calls written as Python ("f(a=1, b='x')") as possible answers: each given value the one
+    acceptable (`as_typed`); a parameter not given may be left out or take its schema's default.
+
+    >>> f = [{"name": "area", "parameters": {"properties": {"r": {}, "unit": {"default": "cm"}}, "required": ["r"]}}]
+    >>> executable_answer(["area(r=-2.5)"], f, "x")
+    [{'area': {'r': [-2.5], 'unit': ['', 'cm']}}]
+    """
+    schemas = {f["name"]: f.get("parameters") or {} for f in functions}
+    expected = []
+    for text in calls:
+        try:
+            call = ast.parse(text, mode="eval").body
+            if not isinstance(call, ast.Call) or call.args or ast.unparse(call.func) not in schemas:
+                raise ValueError("not a call of an offered function by keywords")
+            schema = schemas[ast.unparse(call.func)]
+            properties = schema.get("properties", {})
+            values = {k.arg: [as_typed(ast.literal_eval(k.value), properties.get(k.arg, {}))] for k in call.keywords if k.arg}
+        except (SyntaxError, ValueError) as error:
+            raise BfclFileError(f"{where}: answer {text!r} cannot be read ({error})") from None
+        for name, spec in properties.items():
+            if name not in values and name not in schema.get("required", []):
+                values[name] = ["", spec["default"]] if "default" in spec else [""]
+        expected.append({ast.unparse(call.func): values})
+    return expected
+
+
+def as_typed(value: Any, schema: dict[str, Any]) -> Any:
+    """A Python literal as its JSON value under a BFCL schema: tuples as lists, and in a list of
+    floats whole numbers as floats (BFCL's checker takes an integer for a float parameter, not
+    for a float item of a list). A value outside a list stays as written.
+
+    >>> as_typed((1, 2.5), {"type": "tuple", "items": {"type": "float"}}), as_typed(3, {"type": "float"})
+    ([1.0, 2.5], 3)
+    """
+    if not isinstance(value, (tuple, list)):
+        return value
+    items = schema.get("items") or {}
+    return [float(v) if items.get("type") == "float" and type(v) is int else as_typed(v, items) for v in value]
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -151,8 +232,8 @@ def language_of(category: str) -> str:
     return {"simple_java": "java", "simple_javascript": "javascript"}.get(category, "python")
 
 
-def _entry(row: dict[str, Any], category: str, answers: dict[str, Any], folder: Path) -> Entry:
-    where = f"{folder}/BFCL_v4_{category}.json: {row['id']}"
+def _entry(row: dict[str, Any], category: str, answers: dict[str, Any], path: Path) -> Entry:
+    where = f"{path}: {row['id']}"
     if category not in RELEVANCE_CATEGORIES and row["id"] not in answers:
         raise BfclFileError(f"{where}: no possible answer")
     language = language_of(category)

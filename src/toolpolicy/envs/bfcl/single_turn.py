@@ -49,6 +49,25 @@ non-live entries (400 + 100 + 50 + 200 + 200 + 200 + 240).
 `BfclEnv(categories)` keeps the entries of the named categories on both sides (the config's
 `bfcl_categories`); the drops are decided against every held-out entry whichever are kept.
 
+Archived entries. bfcl-eval also ships, under `data/unused_datasets/`, categories of BFCL's
+earlier versions that v4 scores in no category. Four of them (single_data.ARCHIVED_CATEGORIES:
+exec_simple, exec_multiple, exec_parallel, exec_parallel_multiple) ask the kind of question the
+non-live categories ask (Python functions of arithmetic, physics, finance, weather), their
+answers written as calls (read by `single_data.executable_answer`). `BfclEnv(archived=True)`
+(the config's `env.archived`) adds them to `train`, 6 left out whose answer cannot be read or
+fits no checker (single_data.ARCHIVED_LEFT_OUT), the others dropped by the same rule as live
+ones (ARCHIVED_DROPPED):
+
+    category                entries  dropped  train   of which: question  function
+    exec_simple                 100       32     68                   0        32
+    exec_multiple                48       30     18                   0        30
+    exec_parallel                49       15     34                   0        15
+    exec_parallel_multiple       37       25     12                   0        25
+    all archived                234      102    132                   0       102
+
+Every drop shares a function name (the exec functions reappear in simple_python, multiple
+and parallel: calculate_triangle_area, convert_currency, ...); no question is shared.
+
 Composed entries. Half of BFCL's non-live AST categories ask for several calls in one turn
 (parallel: one function called several times; parallel_multiple: several functions; of
 their 400 entries, 224 expect three calls or more), but after the drops the live side has
@@ -100,7 +119,9 @@ from typing import Any
 
 from toolpolicy.config import ConfigError
 from toolpolicy.envs.base import cycled_draw
-from toolpolicy.envs.bfcl.single_data import CATEGORIES, Category, Entry, known_categories, load_v4, shown_name
+from toolpolicy.envs.bfcl.single_data import (
+    ARCHIVED_CATEGORIES, CATEGORIES, Category, Entry, known_categories, load_archived, load_v4, shown_name,
+)
 from toolpolicy.tools import ToolSet
 from toolpolicy.tools.schema_tool import schema_tool
 from toolpolicy.types import Message, Task, ToolSpec
@@ -114,6 +135,9 @@ SPLITS = {"train": "train", "eval": "eval", "test": "eval"}
 DROPPED = {"live_simple": 25, "live_multiple": 53, "live_parallel": 11, "live_parallel_multiple": 7, "live_irrelevance": 156}
 """Live entries dropped from `train` per category, as the module docstring tables them (a test
 compares it with `leak_split`'s count, so a new bfcl-eval that changes them is noticed)."""
+
+ARCHIVED_DROPPED = {"exec_simple": 32, "exec_multiple": 30, "exec_parallel": 15, "exec_parallel_multiple": 25}
+"""Archived entries dropped from `train` per category (the docstring's second table), checked like DROPPED."""
 
 NOT_RUN = "Not run: BFCL's single-turn calls are scored, not executed."
 """What a call returns (nothing shows it: the episode ends with the turn that made it)."""
@@ -141,31 +165,32 @@ class Split:
     """Live entry id -> what it shares with the held-out split: "question", "function NAME", ..."""
 
     def counts(self) -> dict[str, Counter[str]]:
-        """Per live category: its entries, those dropped and those kept, and the drops sharing a question / a function."""
+        """Per train category (each live one, and the archived ones read): its entries, those
+        dropped and those kept, and the drops sharing a question / a function."""
         out: dict[str, Counter[str]] = {c: Counter() for c in TRAIN_CATEGORIES}
         for entry in self.train:
-            out[entry.category].update(entries=1, train=1)
+            out.setdefault(entry.category, Counter()).update(entries=1, train=1)
         for entry_id, reasons in self.dropped.items():
-            category = live_category(entry_id)
-            out[category].update(entries=1, dropped=1)
+            category = train_category(entry_id)
+            out.setdefault(category, Counter()).update(entries=1, dropped=1)
             out[category].update({"question": 1} if "question" in reasons else {})
             out[category].update({"function": 1} if any(r.startswith("function ") for r in reasons) else {})
         return out
 
 
-def live_category(entry_id: str) -> str:
-    """The category of a live entry from its id ("live_multiple_12-4-0" -> "live_multiple")."""
-    return next(c for c in sorted(TRAIN_CATEGORIES, key=len, reverse=True) if entry_id.startswith(c + "_"))
+def train_category(entry_id: str) -> str:
+    """The category of a live or archived entry from its id ("live_multiple_12-4-0" -> "live_multiple")."""
+    return next(c for c in sorted(TRAIN_CATEGORIES + ARCHIVED_CATEGORIES, key=len, reverse=True) if entry_id.startswith(c + "_"))
 
 
 def leak_split(entries: list[Entry]) -> Split:
-    """Live entries against the non-live ones: drop each live entry whose question or a function
-    name appears on the held-out side (see the module docstring)."""
+    """Live (and archived) entries against the non-live ones: drop each whose question or a
+    function name appears on the held-out side (see the module docstring)."""
     held_out = tuple(e for e in entries if e.category in HELD_OUT_CATEGORIES)
     questions = {question_key(e) for e in held_out} - {""}
     functions = set().union(*(function_keys(e) for e in held_out))
     train, dropped = [], {}
-    for entry in (e for e in entries if e.category in TRAIN_CATEGORIES):
+    for entry in (e for e in entries if e.category not in HELD_OUT_CATEGORIES):
         reasons = (("question",) if question_key(entry) in questions else ()) + tuple(
             f"function {name}" for name in sorted(function_keys(entry) & functions)
         )
@@ -177,9 +202,10 @@ def leak_split(entries: list[Entry]) -> Split:
 
 
 @cache
-def v4_split() -> Split:
-    """`leak_split` of every single-turn entry of the installed bfcl-eval, read once per process."""
-    return leak_split(load_v4(CATEGORIES))
+def v4_split(archived: bool = False) -> Split:
+    """`leak_split` of every single-turn entry of the installed bfcl-eval (with `archived`, and
+    of every archived one: `load_archived`), read once per process."""
+    return leak_split(load_v4(CATEGORIES) + (load_archived() if archived else []))
 
 
 def entry_task(entry: Entry) -> Task:
@@ -620,9 +646,10 @@ def gate_tools(entries: list[Entry]) -> ToolSet:
 
 
 @cache
-def _gate_tools(categories: tuple[str, ...]) -> ToolSet:
-    split = v4_split()
-    return gate_tools([e for e in (*split.train, *split.held_out) if e.category in categories])
+def _gate_tools(categories: tuple[str, ...], archived: bool) -> ToolSet:
+    split = v4_split(archived)
+    sources = categories + (ARCHIVED_CATEGORIES if archived else ())
+    return gate_tools([e for e in (*split.train, *split.held_out) if e.category in sources])
 
 
 class BfclSession:
@@ -657,6 +684,10 @@ class BfclEnv:
         max_functions: each `train` entry (composed and unanswerable ones included) offers at
             most this many functions, those it does not call dropped (`fewer_functions`);
             None offers all. The held-out entries offer 1 to 4; the live ones up to 37.
+        archived: add the archived entries (ARCHIVED_CATEGORIES: exec_simple, exec_multiple,
+            exec_parallel, exec_parallel_multiple, sql) to `train`, those sharing a question or
+            a function name with a held-out entry dropped like live ones; composed, unanswerable
+            and enumerated entries are then made of them too.
     """
 
     name = "bfcl"
@@ -684,10 +715,13 @@ class BfclEnv:
         enumerated: int = 0,
         enumerated_calls: tuple[int, ...] = (2, 3, 4),
         max_functions: int | None = None,
+        archived: bool = False,
     ) -> None:
         self.categories = known_categories(categories)
-        split = v4_split()
-        train = [e for e in split.train if e.category in self.categories]
+        self.archived = archived
+        split = v4_split(archived)
+        sources = self.categories + (ARCHIVED_CATEGORIES if archived else ())
+        train = [e for e in split.train if e.category in sources]
         added = (
             composed_entries(train, composed, calls=tuple(composed_calls), style=composed_style)
             + unanswerable_entries(train, unanswerable)
@@ -697,8 +731,8 @@ class BfclEnv:
             "train": [e if max_functions is None else fewer_functions(e, max_functions) for e in train + added],
             "eval": [e for e in split.held_out if e.category in self.categories],
         }
-        self.dropped = {i: why for i, why in split.dropped.items() if live_category(i) in self.categories}
-        """Live entries of these categories left out of `train`, and what each shares with the held-out split."""
+        self.dropped = {i: why for i, why in split.dropped.items() if train_category(i) in sources}
+        """Live (and archived) entries of these categories left out of `train`, and what each shares with the held-out split."""
         self.entries = {e.id: e for pool in self.pools.values() for e in pool}
         self._entry_tools: dict[str, ToolSet] = {}
         """`entry_tools` per entry id, built when an episode first needs them (a group shares them)."""
@@ -707,7 +741,7 @@ class BfclEnv:
     def tools(self) -> ToolSet:
         """Every function of these categories, for the gate (`gate_tools`): built on first use,
         once per process for the same categories (its schemas take seconds to check)."""
-        return _gate_tools(self.categories)
+        return _gate_tools(self.categories, self.archived)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` entries of `split`, shuffled by `seed`; past the split's size it starts a new shuffle."""
