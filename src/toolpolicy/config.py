@@ -495,7 +495,7 @@ class DemonstratorSection(NamedSection):
     entry point (group toolpolicy.demonstrators) or an import path to a callable
     `(task, rng, env, **options) -> [assistant Message]`; empty: the built-in of the environment's
     name. Every other field of this section is one of its keyword options (calc: tool_on_hard,
-    tool_on_easy, malformed; hotel: violation, guess, slip; `toolpolicy config` lists them)."""
+    tool_on_easy, malformed; hotel: violation, guess, slip; bfcl: optional; `toolpolicy config` lists them)."""
 
 
 class EvalSection(Section):

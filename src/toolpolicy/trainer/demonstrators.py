@@ -73,10 +73,10 @@ NO_FUNCTION_FITS = "None of the functions I have fits this request, so I will no
 
 def bfcl_demonstrator(task: Task, rng: random.Random, env: Env, *, optional: Literal["left_out", "given"] = "left_out") -> list[Message]:
     """One right answer to a BFCL single-turn entry (`bfcl_answer`); exact, `rng` unused.
-    `optional`: what becomes of a parameter the possible answer lets be left out ("") but also
-    gives a value other than null: left out, or given that value. BFCL's held-out answers require a value for 88%
-    of the parameters they name and let 11% be left out or given; the live ones require one for
-    64% and let 36% be left out or given (docs/bfcl.md)."""
+    `optional`: what becomes of a parameter the possible answer lets be left out ("") but
+    also gives a value other than null: left out, or given that value. BFCL's held-out
+    answers require a value for 88% of the parameters they name and let 11% be left out or
+    given; the live ones require one for 64% and let 36% be left out or given (docs/bfcl.md)."""
     return [bfcl_answer(env.entries[task.id], optional == "given")]  # type: ignore[attr-defined]
 
 

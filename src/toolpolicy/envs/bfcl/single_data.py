@@ -194,9 +194,10 @@ def executable_answer(calls: list[str], functions: list[dict[str, Any]], where: 
     for text in calls:
         try:
             call = ast.parse(text, mode="eval").body
-            if not isinstance(call, ast.Call) or call.args or ast.unparse(call.func) not in schemas:
+            function = ast.unparse(call.func) if isinstance(call, ast.Call) else ""
+            if function not in schemas or call.args:
                 raise ValueError("not a call of an offered function by keywords")
-            schema = schemas[ast.unparse(call.func)]
+            schema = schemas[function]
             properties = schema.get("properties", {})
             values = {k.arg: [as_typed(ast.literal_eval(k.value), properties.get(k.arg, {}))] for k in call.keywords if k.arg}
         except (SyntaxError, ValueError) as error:
@@ -204,7 +205,7 @@ def executable_answer(calls: list[str], functions: list[dict[str, Any]], where: 
         for name, spec in properties.items():
             if name not in values and name not in schema.get("required", []):
                 values[name] = ["", spec["default"]] if "default" in spec else [""]
-        expected.append({ast.unparse(call.func): values})
+        expected.append({function: values})
     return expected
 
 
