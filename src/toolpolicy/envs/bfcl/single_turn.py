@@ -646,10 +646,9 @@ def gate_tools(entries: list[Entry]) -> ToolSet:
 
 
 @cache
-def _gate_tools(categories: tuple[str, ...], archived: bool) -> ToolSet:
-    split = v4_split(archived)
-    sources = categories + (ARCHIVED_CATEGORIES if archived else ())
-    return gate_tools([e for e in (*split.train, *split.held_out) if e.category in sources])
+def _gate_tools(categories: tuple[str, ...]) -> ToolSet:
+    split = v4_split(archived=any(c in ARCHIVED_CATEGORIES for c in categories))
+    return gate_tools([e for e in (*split.train, *split.held_out) if e.category in categories])
 
 
 class BfclSession:
@@ -685,7 +684,7 @@ class BfclEnv:
             most this many functions, those it does not call dropped (`fewer_functions`);
             None offers all. The held-out entries offer 1 to 4; the live ones up to 37.
         archived: add the archived entries (ARCHIVED_CATEGORIES: exec_simple, exec_multiple,
-            exec_parallel, exec_parallel_multiple, sql) to `train`, those sharing a question or
+            exec_parallel, exec_parallel_multiple) to `train`, those sharing a question or
             a function name with a held-out entry dropped like live ones; composed, unanswerable
             and enumerated entries are then made of them too.
     """
@@ -719,9 +718,10 @@ class BfclEnv:
     ) -> None:
         self.categories = known_categories(categories)
         self.archived = archived
+        self.sources = self.categories + (ARCHIVED_CATEGORIES if archived else ())
+        """The categories of `train`'s entries before composed, unanswerable and enumerated ones are added."""
         split = v4_split(archived)
-        sources = self.categories + (ARCHIVED_CATEGORIES if archived else ())
-        train = [e for e in split.train if e.category in sources]
+        train = [e for e in split.train if e.category in self.sources]
         added = (
             composed_entries(train, composed, calls=tuple(composed_calls), style=composed_style)
             + unanswerable_entries(train, unanswerable)
@@ -731,7 +731,7 @@ class BfclEnv:
             "train": [e if max_functions is None else fewer_functions(e, max_functions) for e in train + added],
             "eval": [e for e in split.held_out if e.category in self.categories],
         }
-        self.dropped = {i: why for i, why in split.dropped.items() if train_category(i) in sources}
+        self.dropped = {i: why for i, why in split.dropped.items() if train_category(i) in self.sources}
         """Live (and archived) entries of these categories left out of `train`, and what each shares with the held-out split."""
         self.entries = {e.id: e for pool in self.pools.values() for e in pool}
         self._entry_tools: dict[str, ToolSet] = {}
@@ -741,7 +741,7 @@ class BfclEnv:
     def tools(self) -> ToolSet:
         """Every function of these categories, for the gate (`gate_tools`): built on first use,
         once per process for the same categories (its schemas take seconds to check)."""
-        return _gate_tools(self.categories, self.archived)
+        return _gate_tools(self.sources)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         """`n` entries of `split`, shuffled by `seed`; past the split's size it starts a new shuffle."""
