@@ -43,7 +43,7 @@ from seed_interval import interval
 from result_file import write_result
 
 CONFIGS = ROOT / "src" / "toolpolicy" / "configs"
-BFCL_HELD_OUT = "simple_python,simple_java,simple_javascript,multiple,parallel,parallel_multiple,irrelevance"
+BFCL_HELD_OUT = "non_live"  # BFCL's name for the seven held-out categories
 BFCL_LIMIT = 40
 """bfcl: the held-out entries scored, the first this many of each BFCL_HELD_OUT category (280 of 1,390)."""
 ENVS: dict[str, dict[str, Any]] = {

@@ -15,7 +15,7 @@ import toolpolicy.rewards.bfcl_literals
 from toolpolicy.cli import main
 from toolpolicy.eval.bfcl import BfclFileError
 from toolpolicy.eval.bfcl_agreement import ASKED_TWICE, INTENDED_ANSWER_REJECTED, compare, official_checker, right_calls
-from toolpolicy.eval.bfcl_v4 import AST_CATEGORIES, CATEGORIES, bfcl_scores, load_v4, parse_categories
+from toolpolicy.eval.bfcl_v4 import AST_CATEGORIES, CATEGORIES, CATEGORY_GROUPS, bfcl_scores, load_v4, parse_categories
 from toolpolicy.rewards.bfcl_literals import java_literal, js_literal, read_java, read_js
 
 SMOKE = Path(__file__).parent.parent / "src" / "toolpolicy" / "configs" / "smoke.yaml"
@@ -47,9 +47,23 @@ def test_categories_and_missing_package_say_what_to_do(monkeypatch) -> None:
     assert parse_categories(None) == CATEGORIES and parse_categories("simple_java, live_relevance") == ("simple_java", "live_relevance")
     with pytest.raises(BfclFileError, match="unknown BFCL v4 categories \\['multi_turn_base'\\]"):
         parse_categories("multi_turn_base")
+    with pytest.raises(BfclFileError, match="or a group: non_live, live, single_turn, all"):
+        parse_categories("nonlive")
+    assert parse_categories("non_live,live_simple,simple_java") == CATEGORY_GROUPS["non_live"] + ("live_simple",)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(BfclFileError, match="pip install --no-deps bfcl-eval"):
         load_v4(("simple_python",))
+
+
+def test_category_groups_are_bfcls_own() -> None:
+    """The groups as bfcl-eval names them, read from the installed package."""
+    pytest.importorskip("bfcl_eval")
+    from bfcl_eval.constants.category_mapping import TEST_COLLECTION_MAPPING
+
+    for group, categories in CATEGORY_GROUPS.items():
+        assert parse_categories(group) == categories
+        if group != "all":  # bfcl-eval's "all" holds the multi-turn and agentic ones too
+            assert sorted(categories) == sorted(TEST_COLLECTION_MAPPING[group]), group
 
 
 def test_group_scores_follow_bfcl_weighting() -> None:

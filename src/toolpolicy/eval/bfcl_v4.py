@@ -1,8 +1,8 @@
 """BFCL v4's single-turn categories, read from the installed `bfcl-eval` package.
 
-`toolpolicy eval CONFIG --bfcl v4 [--categories simple_python,live_multiple ...]`
-scores a model on the Berkeley Function Calling Leaderboard's own test files and
-possible answers (`bfcl_eval/data/`), nothing copied into this repository. The
+`toolpolicy eval CONFIG --bfcl v4 [--categories simple_python,live_multiple ...]` (or BFCL's
+names for groups: `--categories non_live`) scores a model on the Berkeley Function Calling
+Leaderboard's own test files and possible answers (`bfcl_eval/data/`), nothing copied into this repository. The
 entries are read, and shown to the model as BFCL shows them, by
 toolpolicy.envs.bfcl.single_data (which the `bfcl` environment reads too);
 irrelevance entries pass when no call is made, relevance entries when any call is.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolpolicy.envs.bfcl.single_data import AST_CATEGORIES, CATEGORIES, RELEVANCE_CATEGORIES, load_v4
+from toolpolicy.envs.bfcl.single_data import AST_CATEGORIES, CATEGORIES, CATEGORY_GROUPS, RELEVANCE_CATEGORIES, load_v4
 from toolpolicy.eval.bfcl import BfclFileError
 
 NON_LIVE_SIMPLE = ("simple_python", "simple_java", "simple_javascript")
@@ -30,20 +30,28 @@ HALLUCINATION = ("irrelevance", "live_irrelevance")
 OVERALL_WEIGHTS = {"non_live": 10, "live": 10, "hallucination": 10, "multi_turn": 30, "agentic": 40}
 """BFCL v4's weights for its overall score."""
 __all__ = [  # the categories and load_v4 are single_data's, named here for the eval command's callers
-    "AST_CATEGORIES", "CATEGORIES", "HALLUCINATION", "LIVE_AST", "NON_LIVE_REST", "NON_LIVE_SIMPLE", "OVERALL_WEIGHTS",
+    "AST_CATEGORIES", "CATEGORIES", "CATEGORY_GROUPS", "HALLUCINATION", "LIVE_AST", "NON_LIVE_REST", "NON_LIVE_SIMPLE", "OVERALL_WEIGHTS",
     "RELEVANCE_CATEGORIES", "bfcl_scores", "load_v4", "parse_categories",
 ]
 
 
 def parse_categories(text: str | None) -> tuple[str, ...]:
-    """A comma-separated list of categories ("all", or none given: every single-turn one)."""
-    if not text or text == "all":
-        return CATEGORIES
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in CATEGORIES]
+    """A comma-separated list of categories and of BFCL's names for groups of them
+    (`CATEGORY_GROUPS`: "non_live", "live", "single_turn", "all"), in order, each once;
+    none given: every single-turn category.
+
+    >>> parse_categories("non_live")
+    ('simple_python', 'simple_java', 'simple_javascript', 'multiple', 'parallel', 'parallel_multiple', 'irrelevance')
+    >>> parse_categories("live_simple, live, irrelevance")[:3]
+    ('live_simple', 'live_multiple', 'live_parallel')
+    """
+    names = [name.strip() for name in (text or "").split(",") if name.strip()] or ["all"]
+    unknown = [name for name in names if name not in CATEGORIES and name not in CATEGORY_GROUPS]
     if unknown:
-        raise BfclFileError(f"unknown BFCL v4 categories {unknown}; choose from {', '.join(CATEGORIES)}")
-    return names
+        raise BfclFileError(
+            f"unknown BFCL v4 categories {unknown}; choose from {', '.join(CATEGORIES)}, or a group: {', '.join(CATEGORY_GROUPS)}"
+        )
+    return tuple(dict.fromkeys(c for name in names for c in CATEGORY_GROUPS.get(name, (name,))))
 
 
 def bfcl_scores(by_category: dict[str, dict[str, Any]]) -> dict[str, float | None]:

@@ -36,6 +36,15 @@ AST_CATEGORIES = (
 )
 RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
 CATEGORIES = AST_CATEGORIES + RELEVANCE_CATEGORIES
+CATEGORY_GROUPS = {
+    "non_live": tuple(c for c in CATEGORIES if not c.startswith("live_")),
+    "live": tuple(c for c in CATEGORIES if c.startswith("live_")),
+    "single_turn": CATEGORIES,
+    "all": CATEGORIES,
+}
+"""BFCL's own names for sets of single-turn categories (bfcl-eval's `TEST_COLLECTION_MAPPING`,
+as far as it is single-turn). For the `bfcl` environment "non_live" is the held-out split and
+"live" the one it trains on."""
 ARCHIVED_CATEGORIES = ("exec_simple", "exec_multiple", "exec_parallel", "exec_parallel_multiple")
 """Categories of earlier BFCL versions that v4 ships under `data/unused_datasets/` and scores in no
 category of its own: train material only (`load_archived`). Its sql entries are not among them:

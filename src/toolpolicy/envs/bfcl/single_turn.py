@@ -120,15 +120,15 @@ from typing import Any
 from toolpolicy.config import ConfigError
 from toolpolicy.envs.base import cycled_draw
 from toolpolicy.envs.bfcl.single_data import (
-    ARCHIVED_CATEGORIES, CATEGORIES, Category, Entry, known_categories, load_archived, load_v4, shown_name,
+    ARCHIVED_CATEGORIES, CATEGORIES, CATEGORY_GROUPS, Category, Entry, known_categories, load_archived, load_v4, shown_name,
 )
 from toolpolicy.tools import ToolSet
 from toolpolicy.tools.schema_tool import schema_tool
 from toolpolicy.types import Message, Task, ToolSpec
 
-TRAIN_CATEGORIES = tuple(c for c in CATEGORIES if c.startswith("live_"))
+TRAIN_CATEGORIES = CATEGORY_GROUPS["live"]
 """The live categories: BFCL's user-contributed queries, the `train` split."""
-HELD_OUT_CATEGORIES = tuple(c for c in CATEGORIES if not c.startswith("live_"))
+HELD_OUT_CATEGORIES = CATEGORY_GROUPS["non_live"]
 """The non-live categories: the `eval` split (`test` is the same)."""
 SPLITS = {"train": "train", "eval": "eval", "test": "eval"}
 
