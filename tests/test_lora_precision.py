@@ -65,6 +65,25 @@ def test_lora_trains_few_parameters_and_logs_memory(lora_run: Path) -> None:
     assert moved, "SFT never moved the adapter (lora_B starts at zero)"
 
 
+def test_rl_from_an_adapter_saves_its_base_in_the_compute_dtype(lora_run: Path, tmp_path: Path) -> None:
+    """In bfloat16 the merged base RL trains on is written in bfloat16 (half the disk): each
+    weight the float32 merge rounded once, the very values the frozen base holds in training."""
+    from safetensors.torch import load_file
+
+    from toolpolicy.model.adapters import merged
+
+    run_dir = tmp_path / "bf16"
+    rl = ["--set", f"rl.init_from={lora_run / 'sft' / 'final'}", "--set", "rl.steps=1", "--set", "rl.max_idle_steps=0"]
+    assert main(["train", str(SMOKE), "--set", f"run.dir={run_dir}", *LORA, "--set", "model.dtype=bfloat16", *rl]) == 0
+    saved = load_file(run_dir / "rl" / "base" / "model.safetensors")
+    expected = merged(PolicyModel.load(lora_run / "sft" / "final").model).state_dict()
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}
+    assert saved.keys() <= expected.keys()
+    assert all(torch.equal(saved[name], expected[name].to(torch.bfloat16)) for name in saved)
+    f32 = load_file(lora_run / "rl" / "base" / "model.safetensors")  # the float32 run's base stays float32
+    assert {t.dtype for t in f32.values()} == {torch.float32}
+
+
 def test_kl_reference_is_the_base_with_the_adapter_off(lora_run: Path) -> None:
     """At RL's first step the fresh adapter is zero: policy == reference, KL 0; the
     update then moves the adapter and the KL grows."""

@@ -201,6 +201,8 @@ def bfcl_table(comparison: dict[str, Any], table: BfclTable) -> str:
     return _markdown(tuple(header), [row(label, run, name, before) for (label, name, before), run in zip(table.rows, runs)])
 
 
+ENUMERATED_SFT = ("SFT 300, then 50 steps with prose and 1,200 enumerated records (`checkpoints/smollm2-bfcl-enumerated`)", "enumerated50", None)
+"""The row of the shipped enumerated SFT model, the start of the tables after it."""
 BFCL_TABLES: dict[str, BfclTable] = {
     "bfcl-l20": BfclTable("bench/results/bfcl_smollm2_l20.json", (
         ("SmolLM2-135M-Instruct, with the tools block", "base", None),
@@ -255,15 +257,21 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("then RL 30, `env.unanswerable: 200`", "rl30", "enumerated50"),
     ), against="the row above"),
     "bfcl-enumerated-rl70": BfclTable("bench/results/bfcl_smollm2_enumerated_rl70.json", (
-        ("SFT 300, then 50 steps with prose and 1,200 enumerated records (`checkpoints/smollm2-bfcl-enumerated`)", "enumerated50", None),
+        ENUMERATED_SFT,
         ("then RL 30, `env.unanswerable: 200`", "rl30", "enumerated50"),
         ("the same run resumed to 70 steps", "rl70", "enumerated50"),
     ), against="the enumerated SFT"),
     "bfcl-optional-given": BfclTable("bench/results/bfcl_smollm2_optional_given.json", (
-        ("SFT 300, then 50 steps with prose and 1,200 enumerated records (`checkpoints/smollm2-bfcl-enumerated`)", "enumerated50", None),
+        ENUMERATED_SFT,
         ("the same 50 steps, `demonstrator.optional: given` (instead)", "given50", "enumerated50"),
         ("then RL 30, `env.unanswerable: 200`", "given50_rl30", "given50"),
     ), against="the row above"),
+    "bfcl-rl-temperature": BfclTable("bench/results/bfcl_smollm2_rl_temperature.json", (
+        ENUMERATED_SFT,
+        ("then RL 30, `env.unanswerable: 200`, temperature 1.0", "rl30_t10", "enumerated50"),
+        ("the same RL at temperature 0.7 (instead)", "rl30_t07", "enumerated50"),
+        ("that run resumed to 60 steps", "rl60_t07", "enumerated50"),
+    ), against="the enumerated SFT"),
     "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
         ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
