@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--bfcl", metavar="FILE", help="score single-turn function calls on a BFCL-shaped JSONL file instead, or 'v4': BFCL v4's own categories (bfcl-eval package)"
     )
-    evaluate.add_argument("--categories", metavar="A,B", help="with --bfcl v4: the categories to run, or BFCL's groups of them: non_live, live (default: every single-turn one)")
+    evaluate.add_argument(
+        "--categories", metavar="A,B", help="with --bfcl v4: the categories to run, or BFCL's groups of them: non_live, live (default: all)"
+    )
     evaluate.add_argument("--answers", metavar="FILE", help="with --bfcl: ground truth in a separate file (lines of id, ground_truth)")
     evaluate.add_argument("--limit", type=int, metavar="N", help="with --bfcl: only the first N entries of each category (a quick look)")
 

@@ -2,8 +2,8 @@
 
 `toolpolicy eval CONFIG --bfcl v4 [--categories simple_python,live_multiple ...]` (or BFCL's
 names for groups: `--categories non_live`) scores a model on the Berkeley Function Calling
-Leaderboard's own test files and possible answers (`bfcl_eval/data/`), nothing copied into this repository. The
-entries are read, and shown to the model as BFCL shows them, by
+Leaderboard's own test files and possible answers (`bfcl_eval/data/`), nothing copied into
+this repository. The entries are read, and shown to the model as BFCL shows them, by
 toolpolicy.envs.bfcl.single_data (which the `bfcl` environment reads too);
 irrelevance entries pass when no call is made, relevance entries when any call is.
 

@@ -201,7 +201,9 @@ def bfcl_table(comparison: dict[str, Any], table: BfclTable) -> str:
     return _markdown(tuple(header), [row(label, run, name, before) for (label, name, before), run in zip(table.rows, runs)])
 
 
-ENUMERATED_SFT = ("SFT 300, then 50 steps with prose and 1,200 enumerated records (`checkpoints/smollm2-bfcl-enumerated`)", "enumerated50", None)
+ENUMERATED_SFT = (
+    "SFT 300, then 50 steps with prose and 1,200 enumerated records (`checkpoints/smollm2-bfcl-enumerated`)", "enumerated50", None,
+)
 """The row of the shipped enumerated SFT model, the start of the tables after it."""
 BFCL_TABLES: dict[str, BfclTable] = {
     "bfcl-l20": BfclTable("bench/results/bfcl_smollm2_l20.json", (
