@@ -194,10 +194,11 @@ def _with_adapter(
     if not model.lora_rank or resuming:
         return policy
     base = local_checkpoint(path)  # the adapter names a folder, never a GGUF file
+    frozen = DTYPES[placement(model).dtype]
     if is_adapter(path):
         base = phase_dir / "base"
         if main:
-            merged(policy.model).to(DTYPES[placement(model).dtype]).save_pretrained(base)
+            merged(policy.model).to(frozen).save_pretrained(base)
             policy.tokenizer.save_pretrained(base)
         barrier()
         policy = load_policy_model(model, base)
@@ -205,7 +206,7 @@ def _with_adapter(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         policy.model = attach_lora(policy.model, settings, base)
-    store_frozen_in(policy.model, DTYPES[placement(model).dtype])
+    store_frozen_in(policy.model, frozen)
     return policy
 
 
