@@ -8,8 +8,11 @@ Each NAME=FILES is a model's per-entry results files, one per sample: `toolpolic
 entries every file of the model scored, per k up to the number of files: pass@k, the chance
 that at least one of k answers drawn from an entry's n is right (the unbiased estimator,
 `toolpolicy.eval.metrics.pass_at_k`), and pass^k, that all k are (`pass_hat_k`); for all
-entries and for those that expect calls. pass@n above pass@1 is what RL can still reach by
-making the right answers the model already samples more likely.
+entries and for those that expect calls; and BFCL's non-live AST summary (`bfcl_scores`) of
+each category's pass@k, where the files hold every non-live category. pass@n above pass@1 is
+what RL can still reach by making the right answers the model already samples more likely; the
+summary of pass@n is that ceiling in the leaderboard's terms (best of n answers per entry, chosen
+by the checker).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 from bfcl_compare import entry_rows, expects_calls  # bench/ is on the path of a script run from it
 from result_file import write_result
 
+from toolpolicy.eval.bfcl_v4 import bfcl_scores
 from toolpolicy.eval.metrics import pass_at_k, pass_hat_k
 
 
@@ -46,12 +50,31 @@ def pass_rates(counts: list[int], n: int) -> dict[str, float]:
     return at | hat
 
 
+def non_live_summaries(counts: dict[str, int], categories: dict[str, str], n: int) -> dict[str, float] | None:
+    """BFCL's non-live AST summary of each category's pass@k, k = 1..n, from entry id -> right
+    count (of `n` samples) and entry id -> category; None without every non-live category.
+
+    >>> non_live_summaries({"s": 1, "j": 0, "js": 0, "m": 0, "p": 0, "pm": 0}, {"s": "simple_python",
+    ...     "j": "simple_java", "js": "simple_javascript", "m": "multiple", "p": "parallel", "pm": "parallel_multiple"}, 2)
+    {'pass@1': 0.041666666666666664, 'pass@2': 0.08333333333333333}
+    """
+    by_category: dict[str, list[int]] = {}
+    for entry_id, count in counts.items():
+        by_category.setdefault(categories[entry_id], []).append(count)
+    summaries = {}
+    for k in range(1, n + 1):
+        rates = {c: {"accuracy": pass_rates(found, n)[f"pass@{k}"]} for c, found in by_category.items()}
+        summaries[f"pass@{k}"] = bfcl_scores(rates)["non_live"]
+    return None if summaries["pass@1"] is None else summaries
+
+
 def model_rates(samples: list[dict[str, dict]]) -> dict:
     counts = right_counts(samples)
     calls = [c for i, c in counts.items() if expects_calls(samples[0][i])]
     n = len(samples)
+    categories = {i: samples[0][i]["category"] for i in counts}
     return {"samples": n, "entries": len(counts), "all": pass_rates(list(counts.values()), n),
-            "calls": {"entries": len(calls), **pass_rates(calls, n)}}
+            "calls": {"entries": len(calls), **pass_rates(calls, n)}, "non_live": non_live_summaries(counts, categories, n)}
 
 
 def main(argv: list[str]) -> int:
@@ -69,6 +92,9 @@ def main(argv: list[str]) -> int:
         for what in ("all", "calls"):
             shown = "  ".join(f"{k} {v * 100:.1f}%" for k, v in rates[what].items() if k != "entries")
             print(f"{name:<6} {what:<5} {shown}")
+        if rates["non_live"]:
+            shown = "  ".join(f"{k} {v * 100:.1f}%" for k, v in rates["non_live"].items())
+            print(f"{name:<6} non-live AST summary  {shown}")
     return 0
 
 

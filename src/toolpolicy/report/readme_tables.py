@@ -274,6 +274,12 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("the same RL at temperature 0.7 (instead)", "rl30_t07", "enumerated50"),
         ("that run resumed to 60 steps", "rl60_t07", "enumerated50"),
     ), against="the enumerated SFT"),
+    "bfcl-rl-calls-only": BfclTable("bench/results/bfcl_smollm2_rl_calls_only.json", (
+        ENUMERATED_SFT,
+        ("then RL 30 at temperature 0.7, `env.unanswerable: 200` (above)", "rl30_t07", "enumerated50"),
+        ("the same RL on call entries only (instead)", "calls30", "enumerated50"),
+        ("that run resumed to 60 steps", "calls60", "enumerated50"),
+    ), against="the enumerated SFT"),
     "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
         ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
