@@ -61,10 +61,10 @@ def non_live_summaries(counts: dict[str, int], categories: dict[str, str], n: in
     by_category: dict[str, list[int]] = {}
     for entry_id, count in counts.items():
         by_category.setdefault(categories[entry_id], []).append(count)
-    summaries = {}
-    for k in range(1, n + 1):
-        rates = {c: {"accuracy": pass_rates(found, n)[f"pass@{k}"]} for c, found in by_category.items()}
-        summaries[f"pass@{k}"] = bfcl_scores(rates)["non_live"]
+    rates = {c: pass_rates(found, n) for c, found in by_category.items()}
+    summaries = {
+        f"pass@{k}": bfcl_scores({c: {"accuracy": rated[f"pass@{k}"]} for c, rated in rates.items()})["non_live"] for k in range(1, n + 1)
+    }
     return None if summaries["pass@1"] is None else summaries
 
 
@@ -89,12 +89,10 @@ def main(argv: list[str]) -> int:
         result[name] = model_rates(samples)
     write_result(args.out, result)
     for name, rates in result.items():
-        for what in ("all", "calls"):
-            shown = "  ".join(f"{k} {v * 100:.1f}%" for k, v in rates[what].items() if k != "entries")
-            print(f"{name:<6} {what:<5} {shown}")
-        if rates["non_live"]:
-            shown = "  ".join(f"{k} {v * 100:.1f}%" for k, v in rates["non_live"].items())
-            print(f"{name:<6} non-live AST summary  {shown}")
+        for what, label in (("all", "all"), ("calls", "calls"), ("non_live", "non-live AST summary")):
+            if rates[what]:
+                shown = "  ".join(f"{k} {v * 100:.1f}%" for k, v in rates[what].items() if k != "entries")
+                print(f"{name:<6} {label:<5} {shown}")
     return 0
 
 
