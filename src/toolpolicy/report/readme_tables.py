@@ -280,6 +280,10 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("the same RL on call entries only (instead)", "calls30", "enumerated50"),
         ("that run resumed to 60 steps", "calls60", "enumerated50"),
     ), against="the enumerated SFT"),
+    "bfcl-archived": BfclTable("bench/results/bfcl_smollm2_archived.json", (
+        ENUMERATED_SFT,
+        ("the same 50 steps with the archived entries in the pool, `env.archived: true` (instead)", "archived50", "enumerated50"),
+    ), against="the enumerated SFT"),
     "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
         ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
