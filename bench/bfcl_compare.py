@@ -34,8 +34,24 @@ def scores(rows: list[dict]) -> dict:
 
 
 def entry_rows(file: str | Path) -> dict[str, dict]:
-    """A per-entry results file of `toolpolicy eval --bfcl`, its rows by entry id."""
-    return {row["id"]: row for _, row in read_objects(Path(file), ValueError)}
+    """A per-entry results file of `toolpolicy eval --bfcl` with one answer an entry, its rows by entry id."""
+    samples = sample_rows(file)
+    if len(samples) > 1:
+        raise ValueError(f"{file}: {len(samples)} answers an entry; compare files of one (bench/bfcl_pass_at_k.py reads these)")
+    return samples[0]
+
+
+def sample_rows(file: str | Path) -> list[dict[str, dict]]:
+    """A results file of `toolpolicy eval --bfcl`, its rows by entry id, one dict per sample index
+    (files written before rows carried one hold sample 0)."""
+    samples: list[dict[str, dict]] = []
+    for _, row in read_objects(Path(file), ValueError):
+        index = row.get("sample", 0)
+        samples.extend({} for _ in range(index + 1 - len(samples)))
+        samples[index][row["id"]] = row
+    if not samples:
+        raise ValueError(f"{file}: no rows")
+    return samples
 
 
 def expects_calls(row: dict) -> bool:

@@ -1,10 +1,11 @@
 """How often a model is right on BFCL entries when it samples several answers: pass@k and pass^k.
 
     python bench/bfcl_pass_at_k.py --out bench/results/bfcl_smollm2_pass_at_k.json \\
-        sft=s1.jsonl,s2.jsonl,s3.jsonl,s4.jsonl rl=r1.jsonl,r2.jsonl,r3.jsonl,r4.jsonl
+        sft=s1.jsonl,s2.jsonl,s3.jsonl,s4.jsonl rl=r16.jsonl
 
-Each NAME=FILES is a model's per-entry results files, one per sample: `toolpolicy eval CONFIG
---bfcl v4 --set eval.temperature=1.0 --set eval.seed=S` with a different seed each. Over the
+Each NAME=FILES is a model's results files: one per sample (`toolpolicy eval CONFIG --bfcl v4
+--set eval.temperature=1.0 --set eval.seed=S` with a different seed each), or files of several
+answers an entry each (`--trials N`), their samples pooled. Over the
 entries every file of the model scored, per k up to the number of files: pass@k, the chance
 that at least one of k answers drawn from an entry's n is right (the unbiased estimator,
 `toolpolicy.eval.metrics.pass_at_k`), and pass^k, that all k are (`pass_hat_k`); for all
@@ -20,11 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bfcl_compare import entry_rows, expects_calls  # bench/ is on the path of a script run from it
+from bfcl_compare import expects_calls, sample_rows  # bench/ is on the path of a script run from it
 from result_file import write_result
 
 from toolpolicy.eval.bfcl_v4 import bfcl_scores
-from toolpolicy.eval.metrics import pass_at_k, pass_hat_k
+from toolpolicy.eval.metrics import pass_rates
 
 
 def right_counts(samples: list[dict[str, dict]]) -> dict[str, int]:
@@ -35,19 +36,6 @@ def right_counts(samples: list[dict[str, dict]]) -> dict[str, int]:
     """
     shared = sorted(set.intersection(*(set(rows) for rows in samples)))
     return {i: sum(bool(rows[i]["ok"]) for rows in samples) for i in shared}
-
-
-def pass_rates(counts: list[int], n: int) -> dict[str, float]:
-    """Mean pass@k and pass^k over entries with `counts` right of `n` samples each, k = 1..n.
-
-    >>> pass_rates([2, 0], 2)
-    {'pass@1': 0.5, 'pass@2': 0.5, 'pass^1': 0.5, 'pass^2': 0.5}
-    >>> pass_rates([1, 1], 2)
-    {'pass@1': 0.5, 'pass@2': 1.0, 'pass^1': 0.5, 'pass^2': 0.0}
-    """
-    at = {f"pass@{k}": sum(pass_at_k(n, c, k) for c in counts) / len(counts) for k in range(1, n + 1)}
-    hat = {f"pass^{k}": sum(pass_hat_k(n, c, k) for c in counts) / len(counts) for k in range(1, n + 1)}
-    return at | hat
 
 
 def non_live_summaries(counts: dict[str, int], categories: dict[str, str], n: int) -> dict[str, float] | None:
@@ -85,7 +73,7 @@ def main(argv: list[str]) -> int:
     result = {}
     for spec in args.models:
         name, files = spec.split("=", 1)
-        samples = [entry_rows(f) for f in files.split(",")]
+        samples = [rows for f in files.split(",") for rows in sample_rows(f)]
         result[name] = model_rates(samples)
     write_result(args.out, result)
     for name, rates in result.items():

@@ -192,6 +192,42 @@ def test_limit_takes_the_first_entries_of_each_category_and_an_entry_samples_ali
     assert main(["eval", str(SMOKE), "--bfcl", str(SAMPLE), "--limit", "0"]) == 2
 
 
+def test_trials_score_several_sampled_answers_an_entry_and_their_pass_at_k(tmp_path: Path, capsys) -> None:
+    """--trials 3 at temperature 3 (the tiny model's answers vary): three rows an entry, sample 0
+    the answer a run of one sample gives, pass@k and pass^k per category from the rows, and the
+    table's pass@3 column; greedy with --trials is an error, greedy with the config's samples
+    one answer an entry."""
+    from toolpolicy.eval.metrics import pass_rates
+
+    shipped = Path(__file__).parent.parent / "checkpoints" / "calc-sft"
+    base = ["eval", str(SMOKE), "--bfcl", str(SAMPLE), "--limit", "2", "--set", f"eval.checkpoint={shipped}",
+            "--set", "rollout.max_turn_tokens=16"]
+    rows, summaries = {}, {}
+    for trials, temperature in ((3, 3.0), (1, 3.0), (2, 0.0)):
+        run_dir = tmp_path / f"t{trials}"
+        settings = ["--set", f"run.dir={run_dir}", "--set", f"eval.temperature={temperature}"]
+        assert main([*base, *settings, "--trials", str(trials)]) == (2 if temperature == 0 else 0)
+        if temperature:
+            rows[trials] = [json.loads(line) for line in (run_dir / "eval" / "bfcl_results.jsonl").read_text().splitlines()]
+            summaries[trials] = json.loads((run_dir / "eval" / "bfcl.json").read_text())
+    assert "greedy answers are the same every time" in capsys.readouterr().err
+    entries = [r["id"] for r in rows[1]]
+    assert len(entries) == 9 and [r["id"] for r in rows[3]] == [i for i in entries for _ in range(3)]
+    assert [r["sample"] for r in rows[3]] == [0, 1, 2] * 9
+    assert [r["text"] for r in rows[3] if r["sample"] == 0] == [r["text"] for r in rows[1]]
+    assert len({r["text"] for r in rows[3]}) > 9  # the samples differ
+    summary = summaries[3]
+    assert summary["n"] == 9 and summary["samples"] == 3 and "pass" not in summaries[1]
+    for category, row in summary["by_category"].items():
+        ids = dict.fromkeys(r["id"] for r in rows[3] if r["category"] == category)
+        right = [sum(r["ok"] for r in rows[3] if r["id"] == i) for i in ids]
+        assert row["pass"] == pass_rates(right, 3) and row["accuracy"] == sum(right) / (3 * len(right))
+    run_dir = tmp_path / "greedy"
+    assert main([*base, "--set", f"run.dir={run_dir}", "--set", "eval.temperature=0", "--set", "eval.samples=4"]) == 0
+    assert "one greedy answer an entry (eval.samples 4" in capsys.readouterr().err
+    assert len((run_dir / "eval" / "bfcl_results.jsonl").read_text().splitlines()) == 9
+
+
 def test_eval_bfcl_scores_a_served_oracle_perfectly(tmp_path: Path, capsys) -> None:
     """The oracle sends each entry's first acceptable values (parallel calls reversed): 100%."""
     env = {**os.environ, "BFCL_ORACLE": str(SAMPLE)}
@@ -219,7 +255,7 @@ def test_eval_bfcl_runs_a_local_checkpoint_and_reports_bad_files(tmp_path: Path)
             "--set", f"eval.checkpoint={shipped}"]
     assert main(args) == 0
     results = [json.loads(line) for line in (tmp_path / "eval" / "bfcl_results.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in results] == [r["id"] for r in rows]
+    assert [(r["id"], r["sample"]) for r in results] == [(r["id"], s) for r in rows for s in (0, 1)]  # smoke.yaml: eval.samples 2
     assert all(r["ok"] == (not r["problems"]) for r in results)  # a calculator model cannot book rooms
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"id": "simple_0", "question": "hi", "function": []}\n')

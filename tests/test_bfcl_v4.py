@@ -111,7 +111,7 @@ def test_eval_bfcl_v4_scores_a_served_oracle(tmp_path: Path, capsys) -> None:
     server = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE, text=True, env={**os.environ, "BFCL_ORACLE": "v4"})
     try:
         port = server.stdout.readline().split()[1]
-        settings = [f"run.dir={tmp_path}", f"eval.served_url=http://127.0.0.1:{port}/v1", "eval.served_model=bfcl-oracle"]
+        settings = [f"run.dir={tmp_path}", f"eval.served_url=http://127.0.0.1:{port}/v1", "eval.served_model=bfcl-oracle", "eval.samples=1"]
         args = ["eval", str(SMOKE), "--bfcl", "v4", "--categories", ",".join(ORACLE_CATEGORIES)]
         assert main([*args, *[x for s in settings for x in ("--set", s)]]) == 0
     finally:

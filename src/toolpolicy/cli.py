@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="score a checkpoint or a served model on held-out tasks")
     _with_config(evaluate, required=True)
     evaluate.add_argument("--name", default="eval", help="name of the result files under RUN_DIR/eval/")
-    evaluate.add_argument("--trials", type=int, default=None, metavar="N", help="trials per task (pass^1..pass^N); sets eval.samples")
+    evaluate.add_argument(
+        "--trials", type=int, default=None, metavar="N",
+        help="trials per task, or sampled answers per BFCL entry (pass@N, pass^N); sets eval.samples",
+    )
     evaluate.add_argument(
         "--gate", choices=("on", "off", "both"), default="on",
         help="enforce the config's policy (on), not (off), or run both and compare them side by side",
@@ -444,6 +447,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     checkpoint = scored_model(cfg)
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be at least 1, not {args.limit}")
+    if args.bfcl:
+        _greedy_bfcl_answers(cfg, trials_given=args.trials is not None)
     if args.bfcl == "v4":
         from toolpolicy.envs.bfcl.single_turn import TRAIN_CATEGORIES
         from toolpolicy.eval.bfcl import first_per_category, format_bfcl, score_bfcl
@@ -465,6 +470,19 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(format_summary(evaluate(cfg, checkpoint, args.name, run_dir, gate=args.gate == "on")))
     print(f"results: {run_dir / 'eval'}")
     return 0
+
+
+def _greedy_bfcl_answers(cfg: Config, trials_given: bool) -> None:
+    """Greedy BFCL answers are the same every time, so each entry gets one: an error when
+    --trials asked for more, a line on stderr when only the config's eval.samples did."""
+    if cfg.eval.temperature > 0 or cfg.eval.samples == 1:
+        return
+    if trials_given:
+        raise ConfigError(
+            f"--trials {cfg.eval.samples} with eval.temperature 0: greedy answers are the same every time; "
+            "set eval.temperature above 0 to score several sampled answers an entry (pass@k, pass^k)"
+        )
+    print(f"eval.temperature 0: one greedy answer an entry (eval.samples {cfg.eval.samples} counts sampled ones)", file=sys.stderr)
 
 
 def _quiet_libraries() -> None:

@@ -30,10 +30,11 @@ from tqdm.auto import tqdm
 
 from toolpolicy.envs.bfcl.single_data import BfclFileError, Entry, check_names, shown_name
 from toolpolicy.jsonl import read_objects
+from toolpolicy.eval.metrics import pass_rates
 from toolpolicy.rewards.bfcl import components, verdict
 from toolpolicy.rollout import GenRequest, HFBackend
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, decode_reply
-from toolpolicy.config import Config, ConfigError
+from toolpolicy.config import Config, ConfigError, EvalSection
 from toolpolicy.build import build_backend, episode_limits, inference_policy
 from toolpolicy.types import Message, ToolCall
 
@@ -105,13 +106,17 @@ def score_bfcl(
     name: str = "bfcl",
     groups: Callable[[dict[str, dict[str, Any]]], dict[str, float | None]] | None = None,
 ) -> dict[str, Any]:
-    """Run the model once per entry, match its calls, write eval/NAME.json and NAME_results.jsonl.
+    """Run the model on each entry (`answers_per_entry` times), match its calls, write
+    eval/NAME.json and NAME_results.jsonl (a row an answer, with its "sample" index).
 
-    `groups` turns the per-category rows into the benchmark's group scores (BFCL v4's), kept as "groups".
+    `groups` turns the per-category rows into the benchmark's group scores (BFCL v4's), kept as
+    "groups"; with several answers an entry, also those of each category's pass@k ("groups_pass").
     """
-    turns = _endpoint_turns(cfg, entries) if cfg.eval.served_url else _local_turns(cfg, checkpoint, entries)
+    samples = answers_per_entry(cfg.eval)
+    asked = [(entry, sample) for entry in entries for sample in range(samples)]
+    turns = _endpoint_turns(cfg, asked) if cfg.eval.served_url else _local_turns(cfg, checkpoint, asked)
     results = []
-    for entry, (shown_calls, malformed, text) in zip(entries, turns):
+    for (entry, sample), (shown_calls, malformed, text) in zip(asked, turns):
         calls = entry.called(shown_calls)
         match = verdict(calls, **entry.scoring())
         reward = components(calls, malformed, **entry.scoring())
@@ -119,6 +124,7 @@ def score_bfcl(
             {
                 "id": entry.id,
                 "category": entry.category,
+                "sample": sample,
                 "ok": match.ok,
                 "problems": list(match.problems),
                 "reward": reward,
@@ -131,6 +137,11 @@ def score_bfcl(
     summary["model"] = cfg.eval.served_model if cfg.eval.served_url else str(checkpoint)
     if groups is not None:
         summary["groups"] = groups(summary["by_category"])
+        if samples > 1:
+            summary["groups_pass"] = {
+                k: groups({c: {**row, "accuracy": row["pass"][k]} for c, row in summary["by_category"].items()})
+                for k in summary["pass"] if k.startswith("pass@")
+            }
     folder = out_dir / "eval"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps(summary, indent=2))
@@ -138,50 +149,74 @@ def score_bfcl(
     return summary
 
 
+def answers_per_entry(settings: EvalSection) -> int:
+    """`eval.samples` answers an entry when they are sampled; greedy (`eval.temperature` 0)
+    gives the same answer every time, so one."""
+    return settings.samples if settings.temperature > 0 else 1
+
+
 def summarize_bfcl(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy overall and per category, and the mean reward components."""
+    """Per category and overall: entries, answers an entry, accuracy (the mean over all answers:
+    pass@1) and the mean reward components; with several answers an entry, pass@k and pass^k
+    for k up to their number (`pass_rates`)."""
     by_category: dict[str, list[dict[str, Any]]] = {}
     for result in results:
         by_category.setdefault(result["category"], []).append(result)
 
     def rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
         keys = rows[0]["reward"].keys()
-        return {
-            "n": len(rows),
+        right: dict[str, int] = {}
+        for r in rows:
+            right[r["id"]] = right.get(r["id"], 0) + bool(r["ok"])
+        samples = len(rows) // len(right)
+        out = {
+            "n": len(right),
+            "samples": samples,
             "accuracy": sum(r["ok"] for r in rows) / len(rows),
             "reward": {k: sum(r["reward"][k] for r in rows) / len(rows) for k in keys},
         }
+        return out | ({"pass": pass_rates(list(right.values()), samples)} if samples > 1 else {})
 
     return {**rates(results), "by_category": {c: rates(rows) for c, rows in sorted(by_category.items())}}
 
 
 def format_bfcl(summary: dict[str, Any], trained_on: tuple[str, ...] = ()) -> str:
     """The summary as a table; with `trained_on`, a column saying which categories are those
-    (a training split's) and which are held out, and a line saying what that means."""
+    (a training split's) and which are held out, and a line saying what that means. With
+    several answers an entry, accuracy is their mean, and columns pass@N and pass^N follow."""
 
     def split(name: str) -> str:
         if not trained_on or name == "all":
             return ""
         return "  train split" if name in trained_on else "  held out"
 
-    header = f"{'category':<22}{'n':>5}{'accuracy':>10}{'reward':>8}" + ("  split" if trained_on else "")
-    lines = [f"BFCL-style calls: {summary['model']}", header]
+    def percent(value: float | None, width: int) -> str:
+        return f"{value * 100:>{width - 1}.1f}%" if value is not None else f"{'-':>{width}}"
+
+    n = summary.get("samples", 1)
+    many = [f"pass@{n}", f"pass^{n}"] if n > 1 else []
+    header = f"{'category':<22}{'n':>5}{'accuracy':>10}{'reward':>8}" + "".join(f"{k:>9}" for k in many)
+    lines = [f"BFCL-style calls: {summary['model']}" + (f" ({n} sampled answers an entry)" if n > 1 else ""),
+             header + ("  split" if trained_on else "")]
     for name, row in [*summary["by_category"].items(), ("all", summary)]:
-        lines.append(f"{name:<22}{row['n']:>5}{row['accuracy'] * 100:>9.1f}%{row['reward']['total']:>8.2f}{split(name)}")
+        passed = "".join(percent(row["pass"][k], 9) for k in many)
+        lines.append(f"{name:<22}{row['n']:>5}{percent(row['accuracy'], 10)}{row['reward']['total']:>8.2f}{passed}{split(name)}")
+    best = (summary.get("groups_pass") or {}).get(f"pass@{n}", {})
     for name, score in (summary.get("groups") or {}).items():
-        lines.append(f"{name:<27}" + (f"{score * 100:>9.1f}%" if score is not None else f"{'-':>10}"))
+        lines.append(f"{name:<27}{percent(score, 10)}" + (f"{'':>8}{percent(best.get(name), 9)}" if many else ""))
     if any(name in trained_on for name in summary["by_category"]):
         lines.append("train split: what env bfcl trains on (docs/bfcl.md); a model trained there is scored on its own training data")
     return "\n".join(lines)
 
 
-def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
+def _endpoint_turns(cfg: Config, asked: list[tuple[Entry, int]]) -> list[tuple[list[ToolCall], int, str]]:
+    """The served model's turn for each (entry, sample), one request each."""
     served = cfg.eval
     endpoint = Endpoint(served.served_url, served.served_model, served.served_api_key_env, served.temperature, served.served_max_tokens)
     client = ChatClient(endpoint)
     out = []
     try:
-        for entry in tqdm(entries, desc="bfcl", unit="entry"):
+        for entry, _ in tqdm(asked, desc="bfcl", unit="answer"):
             wire = [{"role": m.role, "content": m.content} for m in entry.messages]
             reply = client.complete(wire, [spec.to_openai() for spec in entry.specs()])
             parsed, _ = decode_reply(reply.message, 0, episode_limits(cfg.rollout).max_call_chars)
@@ -191,11 +226,13 @@ def _endpoint_turns(cfg: Config, entries: list[Entry]) -> list[tuple[list[ToolCa
     return out
 
 
-def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> list[tuple[list[ToolCall], int, str]]:
-    """The model's one turn on each entry, sampled by the config's backend: hf in batches
-    that fit its cache, vllm (or a rollout server) in chunks it schedules itself. Greedy
-    (eval.temperature 0) gives the same turns on either but for float rounding; sampled,
-    each entry draws from its own seed where the backend takes one (hf)."""
+def _local_turns(cfg: Config, checkpoint: Path | None, asked: list[tuple[Entry, int]]) -> list[tuple[list[ToolCall], int, str]]:
+    """The model's one turn for each (entry, sample), sampled by the config's backend: hf in
+    batches that fit its cache, vllm (or a rollout server) in chunks it schedules itself.
+    Greedy (eval.temperature 0) gives the same turns on either but for float rounding;
+    sampled, each answer draws from its own seed where the backend takes one (hf): sample s
+    of an entry from `entry_seed(eval.seed + s, entry)`, so sample 0 is the one answer a run
+    of one sample an entry gives."""
     if checkpoint is None:
         raise ConfigError("no model to score: set eval.checkpoint or eval.served_url")
     policy = inference_policy(cfg.model, checkpoint)
@@ -204,14 +241,14 @@ def _local_turns(cfg: Config, checkpoint: Path | None, entries: list[Entry]) -> 
     requests = [
         GenRequest(
             i, policy.encode(template.render_prompt(entry.messages, entry.specs())), cfg.rollout.max_turn_tokens,
-            entry_seed(cfg.eval.seed, entry.id) if backend.capabilities.request_seeds else None,
+            entry_seed(cfg.eval.seed + sample, entry.id) if backend.capabilities.request_seeds else None,
         )
-        for i, entry in enumerate(entries)
+        for i, (entry, sample) in enumerate(asked)
     ]
     chunks = backend.batches(requests) if isinstance(backend, HFBackend) else _chunks(len(requests), ENGINE_CHUNK)
     out = []
     try:
-        with tqdm(total=len(requests), desc="bfcl", unit="entry") as bar:
+        with tqdm(total=len(requests), desc="bfcl", unit="answer") as bar:
             for chunk in chunks:
                 for generation in backend.generate([requests[i] for i in chunk]):
                     text = policy.decode(generation.ids)

@@ -7,6 +7,7 @@ Episodes marked infra_error are excluded from every metric and only counted
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,19 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     for i in range(k):
         all_pass *= (c - i) / (n - i)
     return max(all_pass, 0.0)
+
+
+def pass_rates(counts: Sequence[int], n: int) -> dict[str, float]:
+    """Mean pass@k and pass^k, k = 1 .. n, over tasks with `counts` right answers of `n` each.
+
+    >>> pass_rates([2, 0], 2)
+    {'pass@1': 0.5, 'pass@2': 0.5, 'pass^1': 0.5, 'pass^2': 0.5}
+    >>> pass_rates([1, 1], 2)
+    {'pass@1': 0.5, 'pass@2': 1.0, 'pass^1': 0.5, 'pass^2': 0.0}
+    """
+    at = {f"pass@{k}": sum(pass_at_k(n, c, k) for c in counts) / len(counts) for k in range(1, n + 1)}
+    hat = {f"pass^{k}": sum(pass_hat_k(n, c, k) for c in counts) / len(counts) for k in range(1, n + 1)}
+    return at | hat
 
 
 def _pass_metrics(records: list[ScoredEpisode]) -> dict[str, dict[str, Any]]:
