@@ -70,7 +70,8 @@ def evaluate(cfg: Config, checkpoint: str | Path | None = None, name: str = "eva
 
 def bfcl_v4(cfg: Config, checkpoint: str | Path | None = None, categories: str | None = None, limit: int | None = None) -> dict[str, Any]:
     """BFCL v4's single-turn categories, as `toolpolicy eval CONFIG --bfcl v4 [--categories C,..]
-    [--limit N]`: the summary it writes to RUN_DIR/eval/bfcl_v4.json."""
+    [--limit N]`: the summary it writes to RUN_DIR/eval/bfcl_v4.json (eval.samples answers an
+    entry where eval.temperature is above 0, with pass@k and pass^k; one where it is 0)."""
     from toolpolicy.eval.bfcl import first_per_category, score_bfcl
     from toolpolicy.eval.bfcl_v4 import bfcl_scores, load_v4, parse_categories
 
