@@ -12,9 +12,11 @@ BFCL ships them. An empty ground truth means no call should be made
 (irrelevance). The category is the entry's "category" or its id up to the last
 underscore ("parallel_multiple_2" -> "parallel_multiple").
 
-The model is the config's endpoint (`endpoint_url`) or local checkpoint; it gets
-one assistant turn per entry. Scores: `match_calls` (BFCL's AST rules) per entry,
-accuracy overall and per category, and the mean ToolRL-style reward components.
+The model is the config's endpoint (`eval.served_url`) or local checkpoint; it gets
+one assistant turn per answer, and an entry gets `eval.samples` answers when they are
+sampled (one when greedy). Scores: `match_calls` (BFCL's AST rules) per answer,
+accuracy overall and per category, pass@k and pass^k with several answers an entry,
+and the mean ToolRL-style reward components.
 """
 
 from __future__ import annotations
