@@ -14,7 +14,7 @@ from toolpolicy.build import build_env
 from toolpolicy.build import load_config
 from toolpolicy.config import ConfigError
 from toolpolicy.envs import make_env
-from toolpolicy.envs.bfcl.single_data import Entry, data_folder, load_v4, shown_functions
+from toolpolicy.envs.bfcl.single_data import CATEGORY_GROUPS, Entry, data_folder, load_v4, shown_functions
 from toolpolicy.envs.bfcl.single_turn import DROPPED, HELD_OUT_CATEGORIES, TRAIN_CATEGORIES, BfclEnv, entry_task, v4_split
 from toolpolicy.gate import Gate
 from toolpolicy.model import char_codec, make_template
@@ -286,6 +286,8 @@ def test_categories_are_an_option_checked_on_load():
     assert {e.category for e in env.pools["train"]} == {"live_simple"}
     assert {e.category for e in env.pools["eval"]} == {"simple_python"}
     assert set(env.dropped) == {i for i in v4_split().dropped if i.startswith("live_simple_")}
+    grouped = build_env(load_config(None, ["env=bfcl", "env.categories=[live, simple_python, live_simple]"]).env)
+    assert grouped.categories == (*CATEGORY_GROUPS["live"], "simple_python")  # a group stands for its members, each once
     with pytest.raises(ConfigError, match=r"field 'env.categories': Input should be 'simple_python', .* \(got \['multi_turn_base'\]\)"):
         load_config(None, ["env=bfcl", "env.categories=[multi_turn_base]"])
     with pytest.raises(ValueError, match="no eval entries"):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolpolicy.envs.bfcl.single_data import AST_CATEGORIES, CATEGORIES, CATEGORY_GROUPS, RELEVANCE_CATEGORIES, load_v4
+from toolpolicy.envs.bfcl.single_data import AST_CATEGORIES, CATEGORIES, CATEGORY_GROUPS, RELEVANCE_CATEGORIES, known_categories, load_v4
 from toolpolicy.eval.bfcl import BfclFileError
 
 NON_LIVE_SIMPLE = ("simple_python", "simple_java", "simple_javascript")
@@ -46,12 +46,10 @@ def parse_categories(text: str | None) -> tuple[str, ...]:
     ('live_simple', 'live_multiple', 'live_parallel')
     """
     names = [name.strip() for name in (text or "").split(",") if name.strip()] or ["all"]
-    unknown = [name for name in names if name not in CATEGORIES and name not in CATEGORY_GROUPS]
-    if unknown:
-        raise BfclFileError(
-            f"unknown BFCL v4 categories {unknown}; choose from {', '.join(CATEGORIES)}, or a group: {', '.join(CATEGORY_GROUPS)}"
-        )
-    return tuple(dict.fromkeys(c for name in names for c in CATEGORY_GROUPS.get(name, (name,))))
+    try:
+        return known_categories(names)
+    except ValueError as error:
+        raise BfclFileError(str(error)) from None
 
 
 def bfcl_scores(by_category: dict[str, dict[str, Any]]) -> dict[str, float | None]:

@@ -60,7 +60,7 @@ ARCHIVED_LEFT_OUT = {
 }
 """Archived entries `load_archived` leaves out, and why (tests/test_bfcl_env.py checks the last
 three against BFCL's checker and the schema)."""
-Category = Literal[CATEGORIES]  # type: ignore[valid-type]  # a BFCL v4 single-turn category, checked where a config names one
+Category = Literal[CATEGORIES + tuple(CATEGORY_GROUPS)]  # type: ignore[valid-type]  # a category or a group, checked where a config names one
 INSTALL = "pip install --no-deps bfcl-eval==2026.3.23"
 _HINTS = {"python": "Python 3 syntax", "java": "Java 8 SDK syntax", "javascript": "JavaScript syntax"}
 # BFCL writes Python type names in its schemas; models are shown JSON Schema.
@@ -72,11 +72,18 @@ class BfclFileError(ValueError):
 
 
 def known_categories(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """`names` if each is a single-turn category, else ValueError listing the known ones."""
-    unknown = [name for name in names if name not in CATEGORIES]
+    """The single-turn categories `names` name, a group (`CATEGORY_GROUPS`) standing for its
+    members, in order, each once; ValueError listing the known names for any other.
+
+    >>> known_categories(["live_simple", "non_live", "simple_python"])[:3]
+    ('live_simple', 'simple_python', 'simple_java')
+    """
+    unknown = [name for name in names if name not in CATEGORIES and name not in CATEGORY_GROUPS]
     if unknown:
-        raise ValueError(f"unknown BFCL single-turn categories {unknown}; known: {', '.join(CATEGORIES)}")
-    return tuple(names)
+        raise ValueError(
+            f"unknown BFCL v4 categories {unknown}; choose from {', '.join(CATEGORIES)}, or a group: {', '.join(CATEGORY_GROUPS)}"
+        )
+    return tuple(dict.fromkeys(c for name in names for c in CATEGORY_GROUPS.get(name, (name,))))
 
 
 @dataclass(frozen=True)

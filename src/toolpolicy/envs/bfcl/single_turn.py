@@ -670,8 +670,9 @@ class BfclEnv:
     """BFCL v4's single-turn entries, one scored assistant turn each; see the module docstring.
 
     Args:
-        categories: the BFCL categories to draw entries from (default: all thirteen); the
-            live ones make `train`, the others `eval`.
+        categories: the BFCL categories to draw entries from (default: all thirteen), BFCL's
+            group names (`CATEGORY_GROUPS`: live, non_live) standing for theirs; the live ones
+            make `train`, the others `eval`.
         composed: composed entries added to `train` (`composed_entries`), from the kept ones.
         composed_calls: the numbers of calls the composed entries hold.
         composed_style: how they ask their questions: one a line (`lines`), or as one
