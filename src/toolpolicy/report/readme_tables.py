@@ -284,6 +284,11 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ENUMERATED_SFT,
         ("the same 50 steps with the archived entries in the pool, `env.archived: true` (instead)", "archived50", "enumerated50"),
     ), against="the enumerated SFT"),
+    "bfcl-rl-groups": BfclTable("bench/results/bfcl_smollm2_rl_groups.json", (
+        ENUMERATED_SFT,
+        ("then RL 30 at temperature 0.7, 8 tasks x 4 answers a step (above)", "rl30_t07", "enumerated50"),
+        ("the same RL with 4 tasks x 8 answers a step (instead)", "g8_t07", "enumerated50"),
+    ), against="the enumerated SFT"),
     "bfcl-gemma3": BfclTable("bench/results/bfcl_gemma3_sft300.json", (
         ("SmolLM2-135M-Instruct, SFT 300 (`checkpoints/smollm2-bfcl-sft300`)", "smollm2_sft300", None),
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
