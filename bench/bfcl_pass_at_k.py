@@ -6,7 +6,7 @@
 Each NAME=FILES is a model's results files: one per sample (`toolpolicy eval CONFIG --bfcl v4
 --set eval.temperature=1.0 --set eval.seed=S` with a different seed each), or files of several
 answers an entry each (`--trials N`), their samples pooled. Over the
-entries every file of the model scored, per k up to the number of files: pass@k, the chance
+entries every file of the model scored, per k up to the number of answers: pass@k, the chance
 that at least one of k answers drawn from an entry's n is right (the unbiased estimator,
 `toolpolicy.eval.metrics.pass_at_k`), and pass^k, that all k are (`pass_hat_k`); for all
 entries and for those that expect calls; and BFCL's non-live AST summary (`bfcl_scores`) of
