@@ -24,6 +24,7 @@ import sys
 from bfcl_compare import expects_calls, sample_rows  # bench/ is on the path of a script run from it
 from result_file import write_result
 
+from toolpolicy.eval.bfcl import pass_groups
 from toolpolicy.eval.bfcl_v4 import bfcl_scores
 from toolpolicy.eval.metrics import pass_rates
 
@@ -46,13 +47,11 @@ def non_live_summaries(counts: dict[str, int], categories: dict[str, str], n: in
     ...     "j": "simple_java", "js": "simple_javascript", "m": "multiple", "p": "parallel", "pm": "parallel_multiple"}, 2)
     {'pass@1': 0.041666666666666664, 'pass@2': 0.08333333333333333}
     """
-    by_category: dict[str, list[int]] = {}
+    found: dict[str, list[int]] = {}
     for entry_id, count in counts.items():
-        by_category.setdefault(categories[entry_id], []).append(count)
-    rates = {c: pass_rates(found, n) for c, found in by_category.items()}
-    summaries = {
-        f"pass@{k}": bfcl_scores({c: {"accuracy": rated[f"pass@{k}"]} for c, rated in rates.items()})["non_live"] for k in range(1, n + 1)
-    }
+        found.setdefault(categories[entry_id], []).append(count)
+    by_category = {c: {"n": len(right), "pass": pass_rates(right, n)} for c, right in found.items()}
+    summaries = {k: scores["non_live"] for k, scores in pass_groups(by_category, bfcl_scores).items()}
     return None if summaries["pass@1"] is None else summaries
 
 

@@ -475,7 +475,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _greedy_bfcl_answers(cfg: Config, trials_given: bool) -> None:
     """Greedy BFCL answers are the same every time, so each entry gets one: an error when
     --trials asked for more, a line on stderr when only the config's eval.samples did."""
-    if cfg.eval.temperature > 0 or cfg.eval.samples == 1:
+    from toolpolicy.eval.bfcl import answers_per_entry
+
+    if answers_per_entry(cfg.eval) == cfg.eval.samples:
         return
     if trials_given:
         raise ConfigError(

@@ -41,8 +41,8 @@ from toolpolicy.build import build_backend, episode_limits, inference_policy
 from toolpolicy.types import Message, ToolCall
 
 __all__ = [  # Entry and its helpers are single_data's (the bfcl environment reads them too), named here for callers
-    "BfclFileError", "Entry", "check_names", "first_per_category", "format_bfcl", "load_entries", "score_bfcl", "shown_name",
-    "summarize_bfcl",
+    "BfclFileError", "Entry", "check_names", "first_per_category", "format_bfcl", "load_entries", "pass_groups", "score_bfcl",
+    "shown_name", "summarize_bfcl",
 ]
 
 
@@ -140,15 +140,21 @@ def score_bfcl(
     if groups is not None:
         summary["groups"] = groups(summary["by_category"])
         if samples > 1:
-            summary["groups_pass"] = {
-                k: groups({c: {**row, "accuracy": row["pass"][k]} for c, row in summary["by_category"].items()})
-                for k in summary["pass"] if k.startswith("pass@")
-            }
+            summary["groups_pass"] = pass_groups(summary["by_category"], groups)
     folder = out_dir / "eval"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps(summary, indent=2))
     (folder / f"{name}_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
     return summary
+
+
+def pass_groups(
+    by_category: dict[str, dict[str, Any]], groups: Callable[[dict[str, dict[str, Any]]], dict[str, float | None]]
+) -> dict[str, dict[str, float | None]]:
+    """The benchmark's group scores of each category's pass@k in place of its accuracy, per k,
+    from rows of each category's entry count ("n") and `pass_rates` ("pass")."""
+    ks = [k for k in next(iter(by_category.values()))["pass"] if k.startswith("pass@")]
+    return {k: groups({c: {**row, "accuracy": row["pass"][k]} for c, row in by_category.items()}) for k in ks}
 
 
 def answers_per_entry(settings: EvalSection) -> int:
