@@ -3,6 +3,7 @@ tests that need a trained model (building it once keeps the suite fast)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,29 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+
+HEADER_CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16")
+"""The flags that decide which kernels torch runs on this CPU, and so the last bits of its floats."""
+
+
+def this_machine() -> str:
+    from toolpolicy.model.placement import this_cpu
+
+    model, flags = this_cpu()
+    present = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in HEADER_CPU_FLAGS)
+    return f"cpu: {model or 'unknown'} ({present}); {os.cpu_count()} cores"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The CPU the suite runs on, first in its output (even under -q), and again in the summary
+    (`pytest_terminal_summary`): a float comparison that fails on one machine kind and not
+    another says so in the log."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(this_machine())
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    terminalreporter.write_line(this_machine())

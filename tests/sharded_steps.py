@@ -13,7 +13,12 @@ rank 0 two groups, rank 1 one; the second of two optimizer steps a pass has rank
 to train (a sharded rank then runs padding passes only). TIS takes pi_old from a forward pass
 before the first step (unequal micro-batches again), a KL reference (beta > 0) is sharded the
 same way, and the clip acts on some steps (GRAD_CLIP below their norm). Then the same with a
-LoRA adapter on the frozen model, whose KL reference is that model with the adapter off."""
+LoRA adapter on the frozen model, whose KL reference is that model with the adapter off.
+
+Everything computes in float64: one process and two sum the same terms in another order, which
+in float32 moves a loss by ~1e-6 after three steps by an amount that depends on the CPU's
+kernels (AMX or AVX-512); in float64 that rounding is ~1e-15, so any gap above 1e-10 is a term
+counted twice, dropped, or taken from the wrong weights."""
 
 from __future__ import annotations
 
@@ -66,7 +71,7 @@ def fixed_batch(model: torch.nn.Module, pad_id: int) -> tuple[list[Trajectory], 
         logprobs, _ = SHARED_PROMPTS.logprobs(model, collate(episodes, pad_id))  # [6, L-1]
     for row, episode in zip(logprobs, episodes):
         episode.logprobs = [0.0] + row[: len(episode.token_ids) - 1].tolist()
-    return episodes, torch.tensor([1.0, -1.0, 0.5, -0.5, -0.8, 0.8])
+    return episodes, torch.tensor([1.0, -1.0, 0.5, -0.5, -0.8, 0.8], dtype=torch.float64)
 
 
 HOLDINGS = {
@@ -82,10 +87,10 @@ def updates(sharing_name: str, world: World, lora: bool) -> dict:
     them (whole, on every rank)."""
     torch.manual_seed(0)
     policy = PolicyModel.load(CALC_SFT)
-    model = policy.model
+    model = policy.model.to(torch.float64)
     if lora:  # the adapter's A from the seeded generator, the same in every process; B starts at 0
         model = attach_lora(model, LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "up_proj", "down_proj")), CALC_SFT)
-    reference = model if lora else PolicyModel.load(CALC_SFT).model.eval()  # LoRA: the base with the adapter off
+    reference = model if lora else PolicyModel.load(CALC_SFT).model.to(torch.float64).eval()  # LoRA: the base with the adapter off
     episodes, advantages = fixed_batch(model, policy.pad_id)
     section = HOLDINGS[sharing_name]
     sharing = SHARINGS[section.sharing](section)

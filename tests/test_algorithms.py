@@ -208,6 +208,10 @@ def test_token_logprobs_by_hand_and_against_log_softmax():
     expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
     assert lp.dtype == torch.float32 and lp.shape == (2, 3)
     assert torch.allclose(lp, expected, atol=1e-5)
+    # float64 logits keep their precision (float64 runs compare code paths to 1e-10)
+    wide = token_logprobs(logits.double() / 3, targets)
+    assert wide.dtype == torch.float64 and entropy_from_logits(logits.double()).dtype == torch.float64
+    assert torch.allclose(wide, torch.log_softmax(logits.double() / 3, dim=-1).gather(-1, targets[..., None]).squeeze(-1), atol=1e-15)
 
 
 def test_chunked_token_logprobs_equal_the_whole_computation_and_never_save_all_logits():

@@ -275,25 +275,31 @@ KL_ESTIMATORS: dict[str, KLEstimator] = {
 """KL(pi || ref) per token by config name (`kl_estimator`): (logprobs [B, T], ref_logprobs [B, T]) -> [B, T]."""
 
 
+def widened(logits: Tensor) -> Tensor:
+    """Logits in float32, or as they are when wider (a float64 model keeps its precision):
+    the precision every log-softmax of the objective is taken in."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the softmax over the last dim, per token: H = -sum_v p_v log p_v.
 
-    Computed in float32 from log_softmax (logsumexp-stable); tokens with logit -inf
+    Computed in float32 (`widened`) from log_softmax (logsumexp-stable); tokens with logit -inf
     (p = 0) contribute 0, not NaN. Entropy as a training signal: DAPO (arXiv 2503.14476).
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [B, T, V]
+    logp = torch.log_softmax(widened(logits), dim=-1)  # [B, T, V]
     p_logp = torch.where(logp.isneginf(), torch.zeros_like(logp), logp.exp() * logp)  # [B, T, V]
     return -p_logp.sum(dim=-1)  # [B, T]
 
 
 def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """Log-probability of each target token: log_softmax(logits)[b, t, targets[b, t]], in float32.
+    """Log-probability of each target token: log_softmax(logits)[b, t, targets[b, t]], in float32 (`widened`).
 
     Gathers the target logit and subtracts the logsumexp, so no [B, T, V] log-softmax is
     kept. Used for the policy-ratio terms of PPO / GRPO (arXiv 1707.06347, 2402.03300).
     `logits[:, t]` must already be the prediction for `targets[:, t]` (shift beforehand).
     """
-    logits = logits.float()  # [B, T, V]
+    logits = widened(logits)  # [B, T, V]
     target_logits = logits.gather(dim=-1, index=targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
     return target_logits - torch.logsumexp(logits, dim=-1)  # [B, T]
 
@@ -318,13 +324,14 @@ def chunked_token_logprobs(
     """
 
     def piece(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        logits = at_temperature(head(h).float(), temperature)  # [c, V]
+        logits = at_temperature(widened(head(h)), temperature)  # [c, V]
         entropy = entropy_from_logits(logits.detach()) if with_entropy else logits.new_zeros(0)  # [c] or []
         return token_logprobs(logits, t), entropy  # [c], [c]
 
     pieces = checkpointed_chunks(piece, chunk, hidden, targets)
     if not pieces:  # no position at all
-        return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32) if with_entropy else None
+        empty = widened(hidden.new_zeros(0))
+        return empty, empty if with_entropy else None
     return torch.cat([lp for lp, _ in pieces]), torch.cat([ent for _, ent in pieces]) if with_entropy else None
 
 

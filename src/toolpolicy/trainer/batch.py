@@ -237,7 +237,7 @@ def placed_logprobs(values: tuple[torch.Tensor, torch.Tensor | None], trained: t
 
 def placed(values: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
     """Values [N] of the trained positions (row-major), put in their [B, L-1] layout, 0 elsewhere."""
-    return torch.zeros(trained.shape, device=trained.device).masked_scatter(trained, values)  # [B, L-1]
+    return values.new_zeros(trained.shape).masked_scatter(trained, values)  # [B, L-1]
 
 
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
@@ -321,8 +321,8 @@ def shared_prompt_logprobs(
     b_index, j_index = torch.nonzero(trained, as_tuple=True)  # row-major, as the [N] values
     t_index = prompt_lens[b_index] - 1 + j_index
     shape = batch.targets.shape  # [B, L-1]
-    out_logprobs = torch.zeros(shape, device=device).index_put((b_index, t_index), logprobs)
-    out_entropy = None if entropy is None else torch.zeros(shape, device=device).index_put((b_index, t_index), entropy)
+    out_logprobs = logprobs.new_zeros(shape).index_put((b_index, t_index), logprobs)
+    out_entropy = None if entropy is None else entropy.new_zeros(shape).index_put((b_index, t_index), entropy)
     return out_logprobs, out_entropy
 
 
