@@ -241,9 +241,8 @@ def trl_dataset_rows(work: Workload, tokenizer: PreTrainedTokenizerBase) -> list
     tool); single-turn rows are toolpolicy's own rendering of the prompt as text (its template
     for `chat_tools`, with the same tools block), so TRL runs no tool loop."""
     from toolpolicy.envs import make_env
-    from toolpolicy.envs.base import listed_specs
     from toolpolicy.model import ChatChoice, chat_template
-    from toolpolicy.trainer.rl import train_seed
+    from toolpolicy.trainer.groups import train_seed
 
     env = make_env("calc")
     template = chat_template(tokenizer, ChatChoice(tools=work.chat_tools))
@@ -253,7 +252,7 @@ def trl_dataset_rows(work: Workload, tokenizer: PreTrainedTokenizerBase) -> list
             opening = env.initial_messages(task)
             prompt: Any = [{"role": m.role, "content": m.content} for m in opening]
             if work.max_turns == 1:
-                prompt = template.render_prompt(opening, listed_specs(env, task))
+                prompt = template.render_prompt(opening, env.task_specs(task))
             rows.append({"prompt": prompt, "answer": task.answer, "min_tool_calls": task.info["min_tool_calls"]})
     return rows
 

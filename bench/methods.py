@@ -112,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     env = ENVS[args.env]
     work = args.work or ROOT / "runs" / f"methods-{args.env}"
-    out = args.out or ROOT / "docs" / "results" / "methods" / f"{args.env}.json"  # the README's table (report/readme_tables.py)
+    out = args.out or ROOT / "docs" / "results" / "methods" / f"{args.env}.json"  # the docs' methods table (docs/tables.py)
     steps = args.steps or env["steps"]
 
     def held_out(name: str, checkpoint: Path) -> dict[str, Any]:

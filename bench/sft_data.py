@@ -18,7 +18,7 @@ bench/results/sft_data.json (a smaller cold start: sft_data_<steps>.json).
 
 --against-shipped trains from the file only, and scores the shipped cold start
 (checkpoints/calc-sft, the demonstrator's run of the same config) on the same held-out
-tasks in place of a second run: half the time, and the comparison the README's figures
+tasks in place of a second run: half the time, and the comparison the figures of docs/experiments/calc.md
 rest on. That checkpoint was trained by an earlier version of the code, so float
 rounding may differ; the 2-point tolerance is for that.
 """

@@ -76,7 +76,7 @@ def worker(sharing_name: str, steps: int, batch: Batch, out: Path) -> None:
     from toolpolicy.rollout import Trajectory
     from toolpolicy.trainer.batch import SHARED_PROMPTS
     from toolpolicy.trainer.distributed import SHARINGS as HOLD, World
-    from toolpolicy.trainer.rl import Learner, UpdateSettings, algorithm_of, train_on_batch
+    from toolpolicy.trainer.update import Learner, UpdateSettings, algorithm_of, train_on_batch
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M))

@@ -1,4 +1,4 @@
-"""How large report.html gets with the rollout viewer, and the README's screenshot of it.
+"""How large report.html gets with the rollout viewer, and docs/runs.md's screenshot of it.
 
     python bench/viewer_page.py RUN_DIR [--screenshot docs/viewer.png]
 

@@ -38,7 +38,7 @@ from toolpolicy.model.placement import held_parameters
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.batch import SHARED_PROMPTS, collate
 from toolpolicy.trainer.distributed import SHARINGS, World
-from toolpolicy.trainer.rl import UPDATE_MAXIMA, Learner, UpdateSettings, algorithm_of, train_on_batch
+from toolpolicy.trainer.update import UPDATE_MAXIMA, Learner, UpdateSettings, algorithm_of, train_on_batch
 
 CALC_SFT = Path(__file__).resolve().parents[1] / "checkpoints" / "calc-sft"
 SHAPES = [(5, [4, 7]), (3, [2, 6]), (6, [5, 3])]

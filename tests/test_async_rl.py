@@ -16,7 +16,9 @@ from toolpolicy.build import load_config
 from toolpolicy.config import ConfigError
 from toolpolicy.rewards import REWARD_FUNCTIONS
 from toolpolicy.trainer.distributed import World
-from toolpolicy.trainer.rl import Sampling, algorithm_of, rollout_metrics, sample_groups
+from toolpolicy.trainer.groups import Sampling, sample_groups
+from toolpolicy.trainer.update import algorithm_of
+from toolpolicy.trainer.step_metrics import rollout_metrics
 from toolpolicy.trainer.rollouts import LocalRollouts, open_engine
 
 from conftest import SMOKE

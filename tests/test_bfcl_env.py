@@ -215,7 +215,7 @@ def test_archived_answers_are_read_as_possible_answers_that_bfcls_checker_takes(
     from toolpolicy.envs.bfcl.single_turn import checked_schema
     from toolpolicy.eval.bfcl_agreement import official_checker
     from toolpolicy.rewards.bfcl import verdict
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     assert doctest.testmod(single_data).failed == 0
     official = official_checker()
@@ -242,7 +242,7 @@ def test_archived_answers_are_read_as_possible_answers_that_bfcls_checker_takes(
 
 def test_archived_entries_train_through_the_gate_and_engine_and_compose():
     env = BfclEnv(("live_parallel", "simple_python"), archived=True, composed=20, composed_calls=(2,), enumerated=20, enumerated_calls=(2,))
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     archived = [e for e in env.pools["train"] if e.category.startswith("exec_")]
     assert len(archived) == 132 and not {e.id for e in archived} & set(BfclEnv().entries)
@@ -296,7 +296,7 @@ def test_categories_are_an_option_checked_on_load():
 
 def test_composed_entries_join_two_kept_entries_and_score_both_calls_in_any_order(env, gate):
     from toolpolicy.envs.bfcl.single_turn import COMPOSED_CATEGORIES, composed_entries
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     composed = make_env("bfcl", composed=40)
     extra = composed.pools["train"][len(env.pools["train"]):]
@@ -355,7 +355,7 @@ def test_composed_entries_of_three_and_four_calls_ask_distinct_questions_of_one_
 
 def test_enumerated_entries_ask_one_said_value_as_a_list_and_expect_one_call_per_value(env, gate):
     from toolpolicy.envs.bfcl.single_turn import ENUMERATED_CATEGORIES, enumerated_entries, mentions
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     enumerated = make_env("bfcl", enumerated=60, enumerated_calls=[2, 3, 4])
     extra = enumerated.pools["train"][len(env.pools["train"]):]
@@ -501,7 +501,7 @@ def test_unanswerable_entries_offer_a_kept_question_unrelated_functions_and_pass
 
 def test_fewer_functions_drops_only_functions_no_expected_call_names(env, gate):
     from toolpolicy.envs.bfcl.single_turn import fewer_functions
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     five = [{**FORECAST[0], "name": f"f{i}"} for i in range(5)]
     shown = shown_functions(five, "python")
@@ -539,7 +539,7 @@ def test_fewer_functions_drops_only_functions_no_expected_call_names(env, gate):
 def test_demonstrations_of_the_whole_train_split_pass_the_checker_but_unwritable_answers(env, optional):
     from toolpolicy.eval.bfcl_agreement import INTENDED_ANSWER_REJECTED, official_checker
     from toolpolicy.rewards.bfcl import verdict
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     official = official_checker()
     accepted, rejected = 0, set()
@@ -558,7 +558,8 @@ def test_the_demonstrator_gives_an_optional_parameter_its_value_when_asked_and_c
     """`demonstrator.optional: given` writes each parameter the possible answer lets be left out
     but gives a value to, with that value; the share of such slots per side is what the
     demonstrator's docstring says."""
-    from toolpolicy.trainer.demonstrators import bfcl_answer, bfcl_demonstrator
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import demonstrate as bfcl_demonstrator
 
     entry = env.entries["live_simple_0-0-0"]
     assert entry.expected == [{"get_user_info": {"user_id": [7890], "special": ["black"]}}]
@@ -592,7 +593,8 @@ def test_the_demonstrator_gives_an_optional_parameter_its_value_when_asked_and_c
 
 
 def test_the_demonstrator_is_found_by_the_environments_name():
-    from toolpolicy.trainer.demonstrators import NO_FUNCTION_FITS, demonstrator_for
+    from toolpolicy.checks import demonstrator_for
+    from toolpolicy.envs.bfcl.demonstrator import NO_FUNCTION_FITS
 
     cfg = load_config(None, ["env=bfcl"])
     env = make_env("bfcl")
@@ -604,7 +606,7 @@ def test_the_demonstrator_is_found_by_the_environments_name():
 
 
 def test_every_train_demonstration_through_the_engine_ends_after_its_one_turn(env, gate):
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     ids = [e.id for e in env.pools["train"]]
     episodes = run(env, gate, ids, [bfcl_answer(env.entries[i]) for i in ids])
@@ -625,7 +627,7 @@ def test_one_turn_ends_the_episode_calls_or_not_and_malformed_calls_are_counted(
     irrelevant = next(e for e in env.pools["train"] if e.category == "live_irrelevance")
     (want,) = entry.expected
     ((function, _),) = want.items()
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     right = bfcl_answer(entry)
     bad_json = Message("assistant", '<tool_call>\n{"name": "x", "arguments": {\n</tool_call>')
@@ -646,7 +648,7 @@ def test_one_turn_ends_the_episode_calls_or_not_and_malformed_calls_are_counted(
 
 
 def test_the_trajectory_is_the_prompt_and_the_sampled_turn_only(env, gate):
-    from toolpolicy.trainer.demonstrators import bfcl_answer
+    from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     entry = next(e for e in env.pools["train"] if e.category == "live_parallel")
     encode, decode = char_codec()

@@ -167,7 +167,8 @@ def test_a_failed_group_gets_a_fission_group_from_its_error_whose_advantages_are
     from toolpolicy.build import load_config
     from toolpolicy.rewards import Rubric
     from toolpolicy.trainer.branching import PICKERS
-    from toolpolicy.trainer.rl import Sampling, algorithm_of, branch_groups, sample_groups
+    from toolpolicy.trainer.groups import Sampling, branch_groups, sample_groups
+    from toolpolicy.trainer.update import algorithm_of
 
     _, credit, _ = algorithm_of(load_config(None).algorithm)  # GRPO
     rubric = Rubric.from_weights({"correct_answer": 1.0})
@@ -191,7 +192,8 @@ def test_no_error_no_fission_group() -> None:
     from toolpolicy.build import load_config
     from toolpolicy.rewards import Rubric
     from toolpolicy.trainer.branching import PICKERS
-    from toolpolicy.trainer.rl import Sampling, algorithm_of, branch_groups, sample_groups
+    from toolpolicy.trainer.groups import Sampling, branch_groups, sample_groups
+    from toolpolicy.trainer.update import algorithm_of
 
     _, credit, _ = algorithm_of(load_config(None).algorithm)
     rubric = Rubric.from_weights({"correct_answer": 1.0})

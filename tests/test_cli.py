@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from toolpolicy.algorithms.losses import SURROGATE_STATS
 from toolpolicy.cli import main
 from toolpolicy.build import load_config
 from toolpolicy.config import ConfigError
@@ -35,9 +36,10 @@ def test_demo_writes_a_complete_run_folder(smoke_run: Path):
     trained = [r for r in rl if r["trained_episodes"]]
     assert trained, "no RL step of the smoke run trained"
     for r in trained:  # old log-probs are the rollout's own: the update starts at ratio 1, nothing clipped
-        assert abs(r["ratio"] - 1) < 1e-4 and r["ratio_max"] < 1 + 1e-3 and r["clip_frac"] == 0.0, r
+        assert abs(r["ratio_mean"] - 1) < 1e-4 and r["ratio_max"] < 1 + 1e-3 and r["clip_fraction"] == 0.0, r
         assert r["mismatch/abs_max"] < 1e-4 and r["mismatch/truncated"] == 0.0, r  # the hf sampler is the trainer
         assert 0 < r["tokens/update"] and r["tokens/reference"] == 0
+        assert all(name in r for name in SURROGATE_STATS), r  # every stat the loss returns, under its own name
     for name in ("sft", "rl"):
         result = json.loads((smoke_run / "eval" / f"{name}.json").read_text())
         assert result["n"] == 24 and result["infra_errors"] == 0

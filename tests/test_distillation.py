@@ -18,7 +18,8 @@ from toolpolicy.algorithms.correction import Correction
 from toolpolicy.algorithms.distill import DIVERGENCES
 from toolpolicy.trainer.batch import FULL_SEQUENCES, SHARED_PROMPTS, collate
 from toolpolicy.trainer.credit import OutcomeCredit
-from toolpolicy.trainer.rl import algorithm_of, policy_update
+from toolpolicy.trainer.distributed import World
+from toolpolicy.trainer.update import Learner, UpdateSettings, algorithm_of, policy_update
 from toolpolicy.trainer.teacher import Distill, DistilledCredit, FullTeacher, Teacher, same_vocabulary
 from toolpolicy.types import Episode, Task
 
@@ -159,10 +160,15 @@ def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand(los
         student.zero_grad(set_to_none=True)
         divergence, metric = DIVERGENCES[loss]
         distill = Distill(FullTeacher(distilled_from, divergence).logprobs_and_kl, coef, metric)
-        sums, _ = policy_update(
-            student, None, batch, torch.zeros(len(trajectories)), algorithm, Correction.named("none", 2.0), FULL_SEQUENCES,
-            temperature, micro_batch_size=3, distill=distill,  # two micro-batches: their shares add up
+        settings = UpdateSettings(  # micro-batches of 3: two of them, whose shares add up
+            group_size=4, mini_batches=1, passes=1, micro_batch_size=3, micro_batch_tokens=None, temperature=temperature, grad_clip=1.0,
         )
+        optimizer = torch.optim.SGD(student.parameters(), lr=0.0)
+        learner = Learner(
+            student, None, list(student.parameters()), optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+            algorithm, Correction.named("none", 2.0), FULL_SEQUENCES, World(), 0, settings, distill=distill,
+        )
+        sums, _ = policy_update(learner, batch, torch.zeros(len(trajectories)))
         return sums, {name: p.grad.clone() for name, p in student.named_parameters() if p.grad is not None}
 
     sums, grads = update(teacher)

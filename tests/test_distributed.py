@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from toolpolicy.cli import main
 from toolpolicy.gate import verify
 from toolpolicy.trainer.distributed import World
-from toolpolicy.trainer.rl import rank_share
+from toolpolicy.trainer.update import rank_share
 
 from conftest import SMOKE, free_port
 

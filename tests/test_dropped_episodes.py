@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from toolpolicy.build import prepare_run_dir
 from toolpolicy.build import load_config
@@ -20,7 +21,8 @@ from toolpolicy.rollout import EpisodeLimits, RolloutEngine, ScriptedBackend
 from toolpolicy.rollout.dropped import dropped_line, dropped_metrics
 from toolpolicy.tools import ToolError, ToolSet, tool
 from toolpolicy.trainer import rl
-from toolpolicy.trainer.rl import EpisodesDropped, train_rl
+from toolpolicy.trainer.groups import EpisodesDropped, StepRollouts
+from toolpolicy.trainer.rl import train_rl
 from toolpolicy.types import Message, Task, ToolCall, ToolResult
 
 from conftest import SMOKE
@@ -120,12 +122,12 @@ def test_rl_warns_and_logs_each_step_it_drops_episodes_from_and_stops_past_half(
     drops all but one (the run stops with a user error saying why)."""
     sampled = rl.sample_groups
 
-    def tools_fail(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> rl.StepRollouts:
+    def tools_fail(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> StepRollouts:
         rollouts = sampled(pool, rubric, credit, sampling, step, first, replay)
         broken = 1 if step == 0 else len(rollouts.trajectories) - 1
         for trajectory in rollouts.trajectories[:broken]:
             trajectory.episode.infra_error = RAISED
-        return replace(rollouts, usable=rollouts.usable.clone().index_fill_(0, rl.torch.arange(broken), False))
+        return replace(rollouts, usable=rollouts.usable.clone().index_fill_(0, torch.arange(broken), False))
 
     monkeypatch.setattr(rl, "sample_groups", tools_fail)
     settings = [f"rl.init_from={untrained}", "rollout.max_tokens=64", "rl.steps=3", f"run.dir={tmp_path / 'run'}"]

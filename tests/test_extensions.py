@@ -17,7 +17,8 @@ from toolpolicy.config import ConfigError
 from toolpolicy.envs import ENVS, USERS, CalcEnv, HotelEnv
 from toolpolicy.registry import DEMONSTRATOR, ENVIRONMENT, REWARD, USER, declared_in, from_import_path
 from toolpolicy.rewards import REWARD_FUNCTIONS, Rubric, term_means
-from toolpolicy.trainer.demonstrators import DEMONSTRATORS, demonstrator_for
+from toolpolicy.checks import demonstrator_for
+from toolpolicy.envs import DEMONSTRATORS
 from toolpolicy.types import Episode, Message, Task
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ from toolpolicy.build import load_config
 from toolpolicy.rewards import Rubric, Score
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.replay import SuccessReplay
-from toolpolicy.trainer.rl import Sampling, algorithm_of, sample_groups
+from toolpolicy.trainer.groups import Sampling, sample_groups
+from toolpolicy.trainer.update import algorithm_of
 from toolpolicy.types import Episode, Event, Message, Task
 
 RUBRIC = Rubric.from_weights({"correct_answer": 1.0})
@@ -113,7 +114,7 @@ def test_a_replayed_group_carries_a_signal_and_trains() -> None:
 
 def test_a_task_pool_brings_tasks_back() -> None:
     from toolpolicy.build import build_env
-    from toolpolicy.trainer.rl import pooled_tasks, task_pool
+    from toolpolicy.trainer.groups import pooled_tasks, task_pool
 
     env = build_env(load_config(None, ["env=calc"]).env)
     fresh = Sampling(prompts=4, group_size=2, dynamic=False, refill_rounds=0, seed=3)

@@ -65,7 +65,7 @@ def run_dir(tmp_path: Path) -> Path:
     rl = [{"phase": "rl", "step": s, "reward": 0.5 + 0.1 * s, "accuracy": 0.6 + 0.05 * s,
            "accuracy/easy": 0.8 + 0.03 * s, "accuracy/hard": 0.4 + 0.1 * s, "tool_calls/easy": 1.2 - 0.2 * s,
            "tool_calls/hard": 0.4 + 0.2 * s, "invalid_call_rate": 0.05 - 0.01 * s, "kl": 0.01 * s,
-           "entropy": 1.5 - 0.1 * s, "loss": 0.1, "clip_frac": 0.02} for s in range(5)]
+           "entropy": 1.5 - 0.1 * s, "loss": 0.1, "clip_fraction": 0.02} for s in range(5)]
     write_jsonl(tmp_path / "metrics.jsonl", sft + rl)
     (tmp_path / "eval" / "sft.json").write_text(json.dumps(SFT_EVAL), encoding="utf-8")
     (tmp_path / "eval" / "rl.json").write_text(json.dumps(RL_EVAL), encoding="utf-8")

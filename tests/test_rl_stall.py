@@ -18,6 +18,7 @@ from toolpolicy.build import load_config
 from toolpolicy.trainer.checkpoint import latest_checkpoint
 from toolpolicy.trainer import rl
 from toolpolicy.trainer.rl import TrainingStalled, train_rl
+from toolpolicy.trainer.groups import StepRollouts
 
 from conftest import SMOKE
 
@@ -52,7 +53,7 @@ def test_rl_with_no_reward_signal_stops_and_keeps_its_run_folder(untrained: Path
 def test_a_step_with_a_signal_starts_the_count_again(untrained: Path, tmp_path: Path, monkeypatch) -> None:
     sampled = rl.sample_groups
 
-    def signal_on_step_2(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> rl.StepRollouts:
+    def signal_on_step_2(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> StepRollouts:
         rollouts = sampled(pool, rubric, credit, sampling, step, first, replay)
         second = step == 1  # steps count from 0 here, from 1 in the metrics
         return replace(rollouts, signal=torch.full_like(rollouts.signal, second), groups=torch.full_like(rollouts.groups, second))
@@ -70,7 +71,7 @@ def test_a_step_that_trains_nothing_leaves_the_lr_schedule_where_it_is(untrained
     also make torch warn "lr_scheduler.step() before optimizer.step()" on every such run."""
     sampled = rl.sample_groups
 
-    def groups_from_step_2(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> rl.StepRollouts:
+    def groups_from_step_2(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> StepRollouts:
         rollouts = sampled(pool, rubric, credit, sampling, step, first, replay)
         kept = step >= 1  # steps count from 0 here, from 1 in the metrics
         return replace(rollouts, signal=torch.full_like(rollouts.signal, kept), groups=torch.full_like(rollouts.groups, kept))
@@ -92,7 +93,7 @@ def test_a_cosine_schedule_falls_to_a_tenth_over_the_planned_optimizer_steps(unt
     each step logs the LR of its first, cos-decayed from lr toward lr / 10 at the sixth."""
     sampled = rl.sample_groups
 
-    def every_group_kept(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> rl.StepRollouts:
+    def every_group_kept(pool, rubric, credit, sampling, step: int, first=None, replay=None) -> StepRollouts:
         rollouts = sampled(pool, rubric, credit, sampling, step, first, replay)
         return replace(rollouts, signal=torch.ones_like(rollouts.signal), groups=torch.ones_like(rollouts.groups))
 

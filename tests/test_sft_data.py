@@ -23,7 +23,7 @@ from toolpolicy.rollout.engine import prompt_ids
 from toolpolicy.rollout.store import read_step, stored_steps
 from toolpolicy.config import ConfigError
 from toolpolicy.trainer.demonstrations import demonstrations, demonstrator_dialogue, demonstrator_scripts, within_prompt_budget
-from toolpolicy.trainer.rl import draw_tasks, prompt_fits
+from toolpolicy.trainer.groups import draw_tasks, prompt_fits
 from toolpolicy.trainer.sft_data import SftDataError, data_examples, load_conversations
 
 ROOT = Path(__file__).resolve().parents[1]

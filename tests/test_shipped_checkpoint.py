@@ -12,7 +12,7 @@ from toolpolicy.model import load_policy, make_template
 from toolpolicy.demo import default_config_path
 from toolpolicy.build import load_config
 from toolpolicy.config import replaced
-from toolpolicy.trainer.demonstrators import demonstrator_for
+from toolpolicy.checks import demonstrator_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_hotel_configs_point_at_the_shipped_hotel_checkpoints():
     configs = ROOT / "src" / "toolpolicy" / "configs"
     hotel, ablation = load_config(configs / "hotel.yaml"), load_config(configs / "ablation_hotel.yaml")
     shipped = ROOT / "checkpoints" / "hotel-sft"
-    assert (shipped / "model.safetensors").is_file(), f"{shipped} is missing: run the hotel sft command in README.md"
+    assert (shipped / "model.safetensors").is_file(), f"{shipped} is missing: run the hotel sft command in docs/experiments/hotel.md"
     assert_made_by(shipped, configs / "hotel.yaml", env="hotel")
     violation = ablation.demonstrator.options["violation"]
     assert violation != hotel.demonstrator.options["violation"]  # the ablation's is the earlier cold start

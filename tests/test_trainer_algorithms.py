@@ -19,7 +19,7 @@ from toolpolicy.rewards import Rubric, Score
 from toolpolicy.rollout import Trajectory
 from toolpolicy.trainer.credit import productive_turns, reward_matrix, update_mask
 from toolpolicy.build import build_rubric
-from toolpolicy.trainer.rl import algorithm_of
+from toolpolicy.trainer.update import algorithm_of
 from toolpolicy.types import Episode, Event, Message, Task
 
 SMOKE = Path(__file__).parent.parent / "src" / "toolpolicy" / "configs" / "smoke.yaml"
@@ -65,7 +65,7 @@ def test_every_preset_takes_gradient_steps(algorithm: str, tmp_path: Path) -> No
         if r["signal_groups"]:  # a kept group with a signal trains: a finite loss, a nonzero gradient
             assert r["trained_episodes"] > 0 and r["grad_norm"] > 0 and abs(r["loss"]) < 1e3
             # the update's log-probabilities of the rollout's own tokens: the ratio is 1, nothing is clipped
-            assert abs(r["ratio"] - 1) < 1e-4 and r["ratio_max"] < 1 + 1e-3 and r["clip_frac"] == 0.0
+            assert abs(r["ratio_mean"] - 1) < 1e-4 and r["ratio_max"] < 1 + 1e-3 and r["clip_fraction"] == 0.0
     assert sum(r["signal_groups"] for r in rows) > 0, "no step of this preset had a group to learn from"
     before, after = load_file(start / "model.safetensors"), load_file(tmp_path / "rl" / "final" / "model.safetensors")
     assert any(not torch.equal(before[name], after[name]) for name in before), "the weights did not change"
@@ -83,7 +83,7 @@ def test_several_optimizer_steps_per_batch_move_the_ratio_and_the_clip_acts(algo
     trained = [r for r in rows if r["trained_episodes"]]
     assert trained and all(r["optimizer_steps"] == min(2, r["kept_groups"]) * 2 for r in trained), rows
     assert all(r["lr"] == 0.001 for r in rows)
-    assert max(r["ratio_max"] for r in trained) > 1.01 and max(r["clip_frac"] for r in trained) > 0
+    assert max(r["ratio_max"] for r in trained) > 1.01 and max(r["clip_fraction"] for r in trained) > 0
 
 
 def _trajectory(turn_spans: list[tuple[int, int]], events: list[Event], length: int, truncated: bool = False) -> Trajectory:

@@ -265,7 +265,7 @@ def test_several_steps_per_batch_equal_trl_num_iterations(case):
     and the later steps clip (the ratio has left 1), which one step per batch never does."""
     from toolpolicy.algorithms.correction import Correction
     from toolpolicy.rollout import Trajectory
-    from toolpolicy.trainer.rl import train_on_batch
+    from toolpolicy.trainer.update import train_on_batch
 
     trl_kwargs, settings = MULTI_STEP_CASES[case]
     g = torch.Generator().manual_seed(7)
@@ -307,14 +307,14 @@ def test_several_steps_per_batch_equal_trl_num_iterations(case):
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(model.theta.detach(), theta.detach(), rtol=1e-6, atol=1e-6)
     assert done.sums["loss"] == pytest.approx(trl_loss, rel=1e-6, abs=1e-6)
-    assert done.sums["clip_frac"] > 0  # later steps are off-policy, so the clip acts
+    assert done.sums["clip_fraction"] > 0  # later steps are off-policy, so the clip acts
 
 
 def _learner(model, optimizer, correction, cfg_settings, mini_batches, passes):
     from toolpolicy.build import load_config
     from toolpolicy.trainer.batch import Recompute
     from toolpolicy.trainer.distributed import World
-    from toolpolicy.trainer.rl import Learner, UpdateSettings, algorithm_of
+    from toolpolicy.trainer.update import Learner, UpdateSettings, algorithm_of
 
     algorithm, _, _ = algorithm_of(load_config(None, cfg_settings).algorithm)
     return Learner(
@@ -332,7 +332,7 @@ def test_tis_over_several_steps_takes_pi_old_before_the_first_step():
     current weights instead would make every ratio 1 and clip nothing."""
     from toolpolicy.algorithms.correction import Correction
     from toolpolicy.rollout import Trajectory
-    from toolpolicy.trainer.rl import train_on_batch
+    from toolpolicy.trainer.update import train_on_batch
 
     g = torch.Generator().manual_seed(3)
     lengths = [5, 3, 6, 2, 4, 6, 1, 5]
@@ -348,5 +348,5 @@ def test_tis_over_several_steps_takes_pi_old_before_the_first_step():
     (none, none_grads), (tis, tis_grads) = runs["none"], runs["tis"]
     for a, b in zip(none_grads, tis_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-    assert tis.sums["clip_frac"] == pytest.approx(none.sums["clip_frac"]) and tis.sums["clip_frac"] > 0
+    assert tis.sums["clip_fraction"] == pytest.approx(none.sums["clip_fraction"]) and tis.sums["clip_fraction"] > 0
     assert tis.sums["mismatch/tokens"] == sum(lengths) and tis.sums["mismatch/abs_max"] < 1e-6  # measured once, before

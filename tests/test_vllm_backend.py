@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolpolicy.build import build_backend, prepare_run_dir
+from toolpolicy.build import prepare_run_dir
+from toolpolicy.rollout.catalog import build_backend
 from toolpolicy.build import load_config
 from toolpolicy.config import ConfigError
 from toolpolicy.envs import make_env
@@ -330,13 +331,16 @@ def test_bfcl_eval_samples_with_the_configs_backend_the_same_greedy_turns(tmp_pa
 
 
 def test_a_backend_without_request_seeds_refuses_a_seeded_request_instead_of_dropping_it():
-    from toolpolicy.rollout.backends import CAPABILITIES, unseeded
+    from toolpolicy.config import BACKENDS as SECTIONS
+    from toolpolicy.rollout.backends import unseeded
+    from toolpolicy.rollout.catalog import BACKENDS
 
     plain = [GenRequest(0, [1, 2], 4), GenRequest(1, [1, 2], 4)]
     assert unseeded(plain, "vllm") is plain
     with pytest.raises(ValueError, match="backend vllm takes no seed per request"):
         unseeded([*plain, GenRequest(2, [1], 4, seed=7)], "vllm")
-    assert {name: c.request_seeds for name, c in CAPABILITIES.items()} == {"hf": True, "vllm": False, "server": False}
+    assert set(BACKENDS) == set(SECTIONS.values())  # every backend the config can name has its row
+    assert {name: BACKENDS[section].sampler.capabilities.request_seeds for name, section in SECTIONS.items()} == {"hf": True, "vllm": False, "server": False}
     from toolpolicy.types import Image
 
     with pytest.raises(ValueError, match="backend server passes no pictures"):

@@ -2,7 +2,7 @@
 
 import random
 
-from toolpolicy.envs.base import opening
+from toolpolicy.envs.base import Env
 from toolpolicy.tools import ToolSet, tool
 from toolpolicy.types import Episode, Task, ToolResult
 
@@ -23,7 +23,7 @@ def used_add(episode: Episode) -> float:
     return 1.0 if episode.count("tool_call") else 0.0
 
 
-class AdderEnv:
+class AdderEnv(Env):  # the base gives the opening, on_answer (no user: an answer ends it) and the other hooks
     name = "adder"
     system_prompt = "Add with the add tool. Finish with: Answer: <number>"
     default_rewards = {"correct_answer": 1.0, "adder.adder:used_add": 0.0}
@@ -34,9 +34,3 @@ class AdderEnv:
         rng = random.Random(f"adder/{split}/{seed}")
         pairs = [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(n)]
         return [Task(f"{split}-{i}", f"What is {a} + {b}?", str(a + b)) for i, (a, b) in enumerate(pairs)]
-
-    def initial_messages(self, task: Task) -> list:
-        return opening(self.system_prompt, task)
-
-    def on_answer(self, task: Task, messages: list) -> None:
-        return None  # no simulated user: an answer ends the episode

@@ -8,7 +8,6 @@ rollout/) know nothing of the config.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +16,10 @@ import torch
 
 from toolpolicy.checks import checked, env_options
 from toolpolicy.config import (
-    BackendSection, Config, ConfigError, EnvSection, GateSection, ModelSection, RewardsSection, RolloutSection, changed_fields, config_source, read_config,
+    Config, ConfigError, EnvSection, GateSection, ModelSection, RewardsSection, RolloutSection, changed_fields, config_source, read_config,
     save_config,
 )
-from toolpolicy.envs import Env, hotel, make_env, user_factory
+from toolpolicy.envs import Env, as_env, make_env, user_factory
 from toolpolicy.gate import AuditLog, Gate, Policy
 from toolpolicy.model import ChatChoice, PolicyModel
 from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, merged, store_frozen_in
@@ -28,19 +27,20 @@ from toolpolicy.model.gguf import local_checkpoint
 from toolpolicy.model.vision import freeze_vision_tower
 from toolpolicy.model.placement import DTYPES, Placement, linear_weights_in, resolve_device, resolve_dtype
 from toolpolicy.rewards import Rubric, overlong
-from toolpolicy.rollout import Backend, HFBackend, EpisodeLimits, RolloutEngine, allow_all_policy
+from toolpolicy.rollout import EpisodeLimits, RolloutEngine, allow_all_policy
+from toolpolicy.rollout.catalog import build_backend
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, EndpointUser
-from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings, VLLMUnavailable, adapter_rank, checkpoint_of
-from toolpolicy.rollout.vllm_server import EndpointBackend, RolloutServerError
+from toolpolicy.types import Task
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path | None, overrides: list[str] = (), demonstrations: bool = True) -> Config:
     """The config of the YAML file `path` (None: the defaults) with `--set` overrides, typed
-    (`read_config`) and checked (`toolpolicy.checks.checked`): what every command runs on."""
-    return checked(read_config(path, overrides), config_source(path, overrides))
+    (`read_config`) and checked (`toolpolicy.checks.checked`; the demonstrator section only
+    with `demonstrations`, for a command that generates them): what every command runs on."""
+    return checked(read_config(path, overrides), config_source(path, overrides), demonstrations)
 
 
-def load_run_config(run_dir: str | Path, overrides: list[str] = (), override: bool = False) -> Config:
+def load_run_config(run_dir: str | Path, overrides: list[str] = (), override: bool = False, demonstrations: bool = True) -> Config:
     """The config of the run in `run_dir` (RUN_DIR/config.yaml, resolved when it started), for
     --resume, with `--set` overrides on top. An override that changes a saved value is refused,
     naming the field and both values, unless `override`: a resumed run goes on as it started
@@ -51,8 +51,8 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = (), override: bo
             f"{run_dir}: no config.yaml, so not a run folder to resume (--resume takes the run.dir "
             "of an earlier `toolpolicy sft` or `toolpolicy train`)"
         )
-    saved = load_config(saved_file, [f"run.dir={run_dir}"])
-    resumed = load_config(saved_file, [*overrides, f"run.dir={run_dir}"])
+    saved = load_config(saved_file, [f"run.dir={run_dir}"], demonstrations)
+    resumed = load_config(saved_file, [*overrides, f"run.dir={run_dir}"], demonstrations)
     changed = changed_fields(saved, resumed)
     if changed and not override:
         raise ConfigError(
@@ -91,13 +91,18 @@ def episode_limits(rollout: RolloutSection) -> EpisodeLimits:
 
 def build_env(env: EnvSection) -> Env:
     """The environment `env.name` with its own options, given the user simulator the section
-    names: a served model at `env.user_url` playing the user from the task's scenario (hotel),
-    or `env.user`; else the environment's own."""
+    names: a served model at `env.user_url` playing the user from the scenario the
+    environment gives (`Env.user_scenario`), or `env.user`; else the environment's own."""
     options = env_options(env)
     if env.user_url:
         endpoint = Endpoint(env.user_url, env.user_model, env.user_api_key_env, temperature=env.user_temperature)
         client = ChatClient(endpoint)
-        return make_env(env.name, user=lambda task: EndpointUser(client, hotel.scenario_text(task)), **options)
+
+        def served_user(task: Task) -> EndpointUser:  # called per episode, once `built` exists
+            return EndpointUser(client, built.user_scenario(task))
+
+        built = make_env(env.name, user=served_user, **options)
+        return built
     if env.user:
         return make_env(env.name, user=user_factory(env.user), **options)
     return make_env(env.name, **options)
@@ -105,7 +110,7 @@ def build_env(env: EnvSection) -> Env:
 
 def policy_path(gate: GateSection, env: Env) -> str:
     """The policy file the gate enforces: `gate.policy`, else the environment's own, else none ("")."""
-    return gate.policy or str(getattr(env, "policy_file", ""))
+    return gate.policy or str(as_env(env).policy_file)
 
 
 def build_gate(gate: GateSection, env: Env, run_dir: Path, enforce: bool = True, audit_file: str = "audit.jsonl") -> Gate | None:
@@ -208,37 +213,6 @@ def _with_adapter(
         policy.model = attach_lora(policy.model, settings, base)
     store_frozen_in(policy.model, frozen)
     return policy
-
-
-def build_backend(
-    backend: BackendSection, model: ModelSection, threads: int, policy: PolicyModel, generator: torch.Generator,
-    temperature: float,
-) -> Backend:
-    """The backend section's sampler at `temperature`: hf samples from `policy.model` itself
-    with `generator`, its KV cache within `cache_gib`; vllm from an engine of its own on the
-    folder `policy` was loaded from (a LoRA policy: its base, given the adapter folded in),
-    seeded with the generator's seed; server from a rollout server. vllm and server are synced
-    once to the policy's current weights, which may have moved since."""
-    if backend.name == "hf":
-        return HFBackend(
-            policy.model, policy.stop_ids, policy.pad_id, generator, temperature, cache_bytes=int(backend.cache_gib * 2**30),
-            vision=policy.vision,
-        )
-    if backend.name == "vllm":
-        dtype = placement(model).dtype
-        settings = VLLMSettings(dtype, backend.kv_cache_gib, backend.block_size, backend.threads or threads or 1, generator.initial_seed(), backend.lora_sync)
-        try:
-            sampler: Backend = VLLMBackend(checkpoint_of(policy.model), policy.stop_ids, temperature, settings, adapter_rank(policy.model))
-        except VLLMUnavailable as error:
-            raise ConfigError(f"field 'backend.name': {error}") from None
-        sampler.sync(policy.model)
-        return sampler
-    try:
-        sampler = EndpointBackend(backend.url, policy.stop_ids, temperature, os.environ.get(backend.api_key_env))
-        sampler.sync(policy.model)
-    except RolloutServerError as error:
-        raise ConfigError(f"field 'backend.url': {error}") from None
-    return sampler
 
 
 def build_engine(

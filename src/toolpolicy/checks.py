@@ -1,7 +1,8 @@
 """Every rule across config fields and every name a config gives, checked in one place.
 
 `toolpolicy.config` types each section on its own; `checked` then resolves what the config
-names (environment, user simulator, demonstrator, reward functions) and checks each named
+names (environment, user simulator, reward functions; the demonstrator for the commands
+that generate demonstrations) and checks each named
 component's options against its signature, applies the algorithm preset, writes the
 lengths that default to the episode budget into the config, and checks the rules that tie
 sections together, the backend's capabilities among them. `toolpolicy.build.load_config`
@@ -22,11 +23,11 @@ from toolpolicy.algorithms import AGGREGATIONS, ESTIMATORS, KL_ESTIMATORS, POLIC
 from toolpolicy.algorithms.distill import DIVERGENCES
 from toolpolicy.algorithms.presets import apply_preset
 from toolpolicy.config import AlgorithmSection, Config, ConfigError, DemonstratorSection, EnvSection, RewardsSection, type_name
-from toolpolicy.envs import ENVS, env_factory, takes_user, user_factory
+from toolpolicy.envs import DEMONSTRATORS, ENVS, Demonstrator, Env, env_factory, takes_user, user_factory
 from toolpolicy.model.placement import resolve_device
-from toolpolicy.registry import ExtensionError
-from toolpolicy.rollout.backends import CAPABILITIES
-from toolpolicy.trainer.demonstrators import DEMONSTRATORS, demonstrator_for
+from toolpolicy.registry import DEMONSTRATOR, ExtensionError, is_import_path, resolve_callable
+from toolpolicy.rollout.catalog import capabilities_of
+from toolpolicy.tools.decorator import parse_docstring
 from toolpolicy.types import EventKind
 
 DEMONSTRATOR_ARGUMENTS = ("task", "rng", "env")
@@ -35,14 +36,17 @@ ENV_ARGUMENTS = ("user",)
 """What an environment is given besides its options (the user simulator, from env.user / env.user_url)."""
 
 
-def checked(cfg: Config, source: str) -> Config:
+def checked(cfg: Config, source: str, demonstrations: bool = True) -> Config:
     """`cfg` with its algorithm preset applied and its default lengths written in, if every
-    name resolves and every rule holds; else a ConfigError naming `source` and each problem."""
+    name resolves and every rule holds; else a ConfigError naming `source` and each problem.
+    The `demonstrator` section is checked only for a command that generates demonstrations
+    (`demonstrations`: sft and demo; evaluation and RL never call a demonstrator)."""
     problems: list[str] = []
     cfg = _with_preset(cfg, problems)
     cfg = _with_lengths(cfg)
     problems += [
-        *_env_problems(cfg), *_demonstrator_problems(cfg), *_reward_problems(cfg), *_algorithm_problems(cfg), *_rule_problems(cfg),
+        *_env_problems(cfg), *(_demonstrator_problems(cfg) if demonstrations else []), *_reward_problems(cfg),
+        *_algorithm_problems(cfg), *_rule_problems(cfg),
     ]
     if problems:
         raise ConfigError("\n".join([f"{source}: invalid config", *(f"  {line}" for line in problems)]))
@@ -82,6 +86,34 @@ def demonstrator_options(demonstrator: DemonstratorSection, env: EnvSection) -> 
     return typed
 
 
+def demonstrator_name(demonstrator: DemonstratorSection, env: EnvSection) -> str:
+    """`demonstrator.name`, else the environment's registered name; ConfigError for an
+    environment named by import path, which has no built-in to fall back on."""
+    if demonstrator.name:
+        return demonstrator.name
+    if is_import_path(env.name):
+        raise ConfigError(
+            f"field 'demonstrator.name': environment {env.name!r} has no built-in demonstrator; name one "
+            f"(e.g. {DEMONSTRATOR.example}) or train on a file with sft.data"
+        )
+    return env.name
+
+
+def demonstrator_for(demonstrator: DemonstratorSection, env: EnvSection) -> Demonstrator:
+    """The demonstrator SFT replays, without its options: any callable
+    `(task, rng, env, **options) -> list[Message]`, the assistant messages of one dialogue in
+    order, drawing its randomness from `rng`; `env` is the environment the dialogue runs in
+    and `options` its own keyword arguments, given in the config's `demonstrator` section
+    beside `name`. Tool results and user replies are not its business: the rollout engine
+    produces them by running the calls, exactly as in RL. `demonstrator.name` names one by
+    import path or entry point (group `toolpolicy.demonstrators`); empty uses the built-in of
+    the environment's name (`toolpolicy.envs.catalog`)."""
+    try:
+        return resolve_callable(DEMONSTRATOR, demonstrator_name(demonstrator, env), DEMONSTRATORS)  # type: ignore[return-value]
+    except ExtensionError as error:
+        raise ConfigError(f"field 'demonstrator.name': {error}; or train on a file with sft.data") from None
+
+
 def require_init_from(cfg: Config) -> Config:
     """`cfg`, if it names the checkpoint RL starts from."""
     if not cfg.rl.init_from:
@@ -97,7 +129,7 @@ def check_processes(cfg: Config, processes: int, phase: str = "rl") -> None:
             "CPU memory already: leave it off"
         )
     if processes > 1 and phase == "rl" and (
-        not _capabilities(cfg).request_seeds or cfg.rl.sampling_streams != "episode" or cfg.rl.ray_workers or cfg.rl.max_staleness
+        not capabilities_of(cfg.backend).request_seeds or cfg.rl.sampling_streams != "episode" or cfg.rl.ray_workers or cfg.rl.max_staleness
     ):
         raise ConfigError(
             f"{processes} processes need rl.sampling_streams: episode on a backend that takes a seed per request (hf; "
@@ -117,15 +149,27 @@ def describe_options() -> str:
     return "\n".join(lines)
 
 
+def option_docs(factory: Callable, passed: tuple[str, ...]) -> dict[str, str]:
+    """Each option of `factory` (its keyword parameters but the `passed` ones) and what it
+    does, from the `Args:` section of its docstring (a class: of the class); "" where none says."""
+    parameters, _ = _parameters(factory)
+    _, described = parse_docstring(factory.__doc__ or "")
+    return {
+        option: described.get(option, "") for option, p in parameters.items()
+        if option not in passed and p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+
+
 def _option_lines(table: dict[str, Callable], passed: tuple[str, ...]) -> list[str]:
     lines = []
     for name, factory in table.items():
         parameters, hints = _parameters(factory)
-        shown = [
-            f"{option}: {type_name(hints.get(option, Any))} = {_default_shown(p.default)}" for option, p in parameters.items()
-            if option not in passed and p.kind is not inspect.Parameter.VAR_KEYWORD
+        docs = option_docs(factory, passed)
+        lines.append(f"  {name}:{'' if docs else ' no options'}")
+        lines += [
+            f"    {option}: {type_name(hints.get(option, Any))} = {_default_shown(parameters[option].default)}\n        {doc}"
+            for option, doc in docs.items()
         ]
-        lines.append(f"  {name}: {'; '.join(shown) or 'no options'}")
     return lines
 
 
@@ -154,8 +198,10 @@ def _shown(factory: Callable) -> str:
     return getattr(factory, "__qualname__", repr(factory))
 
 
-def _capabilities(cfg: Config):
-    return CAPABILITIES[cfg.backend.name]
+def tells_user_scenarios(factory: Callable) -> bool:
+    """Whether an environment class overrides `Env.user_scenario`, which a served user
+    (env.user_url) is told each task's scenario by; a class without the `Env` base cannot."""
+    return inspect.isclass(factory) and issubclass(factory, Env) and factory.user_scenario is not Env.user_scenario
 
 
 def _with_preset(cfg: Config, problems: list[str]) -> Config:
@@ -199,6 +245,8 @@ def _env_problems(cfg: Config) -> list[str]:
     if (env.user or env.user_url) and not takes_user(factory):
         field = "env.user" if env.user else "env.user_url"
         problems.append(f"field '{field}': environment {env.name!r} takes no user simulator (it has no `user` parameter)")
+    elif env.user_url and not tells_user_scenarios(factory):
+        problems.append(f"field 'env.user_url': environment {env.name!r} tells a served user no scenario (it has no `user_scenario`)")
     if env.user:
         try:
             user_factory(env.user)
@@ -254,10 +302,8 @@ def _reward_problems(cfg: Config) -> list[str]:
 
 def _rule_problems(cfg: Config) -> list[str]:
     """The rules that tie sections together."""
-    rl, backend, capabilities = cfg.rl, cfg.backend, _capabilities(cfg)
-    problems = []
-    if backend.name == "server" and not backend.url:
-        problems.append("field 'backend.url' is empty: backend server needs the address `toolpolicy rollout-server CHECKPOINT` printed")
+    rl, backend, capabilities = cfg.rl, cfg.backend, capabilities_of(cfg.backend)
+    problems = backend.problems()
     if rl.sampling_streams == "episode" and not capabilities.request_seeds:
         problems.append(f"rl.sampling_streams: episode needs a backend that takes a seed per request (hf); backend {backend.name} does not")
     if rl.max_staleness and (not capabilities.in_process or rl.ray_workers or cfg.algorithm.correction == "tis"):

@@ -377,22 +377,23 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve(args: argparse.Namespace) -> Config:
+def _resolve(args: argparse.Namespace, demonstrations: bool) -> Config:
     """The config file with its --set overrides; with --resume, the run's own resolved config
-    (see `load_run_config`: an override that changes it needs --override)."""
+    (see `load_run_config`: an override that changes it needs --override). `demonstrations`:
+    the command generates demonstrations, so its demonstrator section is checked too."""
     from toolpolicy.build import load_config, load_run_config
 
     resume = getattr(args, "resume", None)
     if not resume:
         if getattr(args, "override", False):
             raise ConfigError("--override lets --set change a resumed run's saved config: it needs --resume RUN_DIR")
-        return load_config(args.config, args.overrides)  # no file: the defaults
+        return load_config(args.config, args.overrides, demonstrations)  # no file: the defaults
     if args.config is not None:
         print(
             f"note: resuming with {Path(resume) / 'config.yaml'}, the config the run started with; {args.config} is "
             "not read (change a field with --set SECTION.FIELD=VALUE --override)", file=sys.stderr,
         )
-    return load_run_config(resume, args.overrides, args.override)
+    return load_run_config(resume, args.overrides, args.override, demonstrations)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -402,7 +403,7 @@ def _train(args: argparse.Namespace) -> int:
     from toolpolicy.trainer.rl import train_rl
     from toolpolicy.trainer.sft import train_sft
 
-    cfg = _resolve(args)
+    cfg = _resolve(args, demonstrations=args.command == "sft")  # RL replays no demonstrator
     if args.command == "train":
         require_init_from(cfg)  # before the run folder's config is written
     run_dir = prepare_run_dir(cfg)
@@ -442,7 +443,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         if args.trials < 1:
             raise ConfigError(f"--trials must be at least 1, not {args.trials}")
         args.overrides.append(f"eval.samples={args.trials}")
-    cfg = _resolve(args)
+    cfg = _resolve(args, demonstrations=False)
     run_dir = Path(cfg.run.dir)
     checkpoint = scored_model(cfg)
     if args.limit is not None and args.limit < 1:
@@ -502,7 +503,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from toolpolicy.gate import PolicyError
     from toolpolicy.model.files import CheckpointError
     from toolpolicy.model.placement import DeviceUnavailable
-    from toolpolicy.trainer.rl import EpisodesDropped, TrainingStalled
+    from toolpolicy.trainer.groups import EpisodesDropped
+    from toolpolicy.trainer.rl import TrainingStalled
     from toolpolicy.registry import ExtensionError
     from toolpolicy.rollout.vllm_server import RolloutServerError
     from toolpolicy.trainer.sft_data import SftDataError

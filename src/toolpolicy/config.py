@@ -43,10 +43,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from toolpolicy.atomic import replace_file
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the file, the section and the field."""
+from toolpolicy.errors import ConfigError
 
 
 class Section(BaseModel):
@@ -188,10 +185,9 @@ class EmbeddedSection(Section):
 
 class EnvSection(NamedSection):
     name: str = "calc"
-    """Environment: a built-in (calc, hotel, bfcl_multi_turn, bfcl, agentdojo), an installed package's entry point (group
+    """Environment: a built-in (a row of envs/catalog.py; `toolpolicy config` lists them), an installed package's entry point (group
     toolpolicy.envs) or an import path `module:Class` (`mypkg.envs:Adder`; see docs/environments.md). Every
-    other field of this section is one of its keyword options (bfcl: categories, composed, composed_calls, composed_style,
-    unanswerable, enumerated, enumerated_calls, max_functions, archived; agentdojo: suite, attack; `toolpolicy config` lists them)."""
+    other field of this section is one of its keyword options (`toolpolicy config` lists each built-in's, with what it does)."""
     user: str = ""
     """User simulator of an environment that takes one (`user=`): a built-in (scripted), an entry
     point (group toolpolicy.users) or an import path to a factory `(task) -> User`; empty keeps the
@@ -212,7 +208,16 @@ class EnvSection(NamedSection):
     task. None keeps all."""
 
 
-class HFBackend(Section):
+class BackendSettings(Section):
+    """What every backend's section offers the config checks (rollout/catalog.py: the class that
+    samples for each, with its capabilities)."""
+
+    def problems(self) -> list[str]:
+        """Its fields' rules that pydantic's field checks do not express (empty: none)."""
+        return []
+
+
+class HfSection(BackendSettings):
     """Sampling from the policy's own transformers model, in this process."""
 
     name: Literal["hf"] = "hf"
@@ -225,7 +230,7 @@ class HFBackend(Section):
     rl.sampling_streams: batch, the samples depend on how the turns are batched."""
 
 
-class VLLMBackend(Section):
+class VllmSection(BackendSettings):
     """A vLLM engine in a worker process, loaded from the policy's checkpoint folder; RL pushes
     the weights after each step (installed by `make setup`)."""
 
@@ -251,7 +256,7 @@ class VLLMBackend(Section):
         return value
 
 
-class ServerBackend(Section):
+class ServerSection(BackendSettings):
     """A vLLM rollout server (`toolpolicy rollout-server CHECKPOINT`), here or on another machine."""
 
     name: Literal["server"] = "server"
@@ -262,8 +267,11 @@ class ServerBackend(Section):
     api_key_env: str = "TOOLPOLICY_ROLLOUT_KEY"
     """Environment variable holding the server's --api-key (unset: none is sent)."""
 
+    def problems(self) -> list[str]:
+        return [] if self.url else ["field 'backend.url' is empty: backend server needs the address `toolpolicy rollout-server CHECKPOINT` printed"]
 
-BackendSection = Annotated[Union[HFBackend, VLLMBackend, ServerBackend], Field(discriminator="name")]
+
+BackendSection = Annotated[Union[HfSection, VllmSection, ServerSection], Field(discriminator="name")]
 
 
 class RolloutSection(Section):
@@ -491,11 +499,11 @@ class SFTSection(Section):
 
 class DemonstratorSection(NamedSection):
     name: str = ""
-    """What writes SFT's generated dialogues: a built-in (calc, hotel, bfcl, bfcl_multi_turn), an
+    """What writes SFT's generated dialogues: a built-in (an environment's, in its row of envs/catalog.py), an
     entry point (group toolpolicy.demonstrators) or an import path to a callable
     `(task, rng, env, **options) -> [assistant Message]`; empty: the built-in of the environment's
-    name. Every other field of this section is one of its keyword options (calc: tool_on_hard,
-    tool_on_easy, malformed; hotel: violation, guess, slip; bfcl: optional; `toolpolicy config` lists them)."""
+    name. Every other field of this section is one of its keyword options (`toolpolicy config`
+    lists each built-in's, with what it does)."""
 
 
 class EvalSection(Section):
@@ -537,7 +545,7 @@ class Config(BaseModel):
     """The tiny model built when model.source is `embedded`."""
     env: EnvSection = Field(default_factory=EnvSection)
     """The environment, its user simulator and its own options."""
-    backend: BackendSection = Field(default_factory=HFBackend)
+    backend: BackendSection = Field(default_factory=HfSection)
     """What samples the policy's turns: hf, vllm or server, each with its own fields."""
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     """Episode limits and tool concurrency."""
@@ -560,10 +568,11 @@ class Config(BaseModel):
 
 
 SECTIONS: dict[str, type[BaseModel]] = {
-    name: field.annotation if isinstance(field.annotation, type) else HFBackend for name, field in Config.model_fields.items()
+    name: field.annotation if isinstance(field.annotation, type) else HfSection for name, field in Config.model_fields.items()
 }
 """Each section's model (backend: hf's; BACKENDS holds each backend's)."""
-BACKENDS: dict[str, type[Section]] = {"hf": HFBackend, "vllm": VLLMBackend, "server": ServerBackend}
+BACKENDS: dict[str, type[BackendSettings]] = {kind.model_fields["name"].default: kind for kind in get_args(get_args(BackendSection)[0])}
+"""Each backend's section by the name `backend.name` gives it."""
 NAMED_BY = ("env", "backend", "demonstrator")
 """Sections that a plain value names: `env: hotel` is `env: {name: hotel}`."""
 
@@ -623,9 +632,11 @@ old field name gets, and what `toolpolicy config --migrate FILE` rewrites."""
 
 
 FLAT_ENV_OPTIONS = {"agentdojo": ("suite", "attack"), "bfcl": ("categories", "composed")}
-"""The built-in environments that read options of the flat config, and which."""
+"""The environment options the flat config of toolpolicy 0.x held, by environment: a format
+that no longer changes, so a fixed table (tests/test_catalog.py holds each an option of its
+environment)."""
 FLAT_DEMONSTRATOR_OPTIONS = {"calc": ("tool_on_hard", "tool_on_easy", "malformed"), "hotel": ("violation", "guess", "slip")}
-"""The built-in demonstrators that read options of the flat config, and which."""
+"""The demonstrator options the flat config held, by demonstrator."""
 
 
 def _either(names: list[str]) -> str:

@@ -46,6 +46,11 @@ def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, loss_mask: Tensor
     return per_sequence.detach() + (logprobs - logprobs.detach())  # [B, T], value exactly log s_i
 
 
+SURROGATE_STATS = ("clip_fraction", "clip_low_fraction", "clip_high_fraction", "dual_clip_fraction", "ratio_mean", "ratio_max")
+"""The stats `clipped_surrogate` returns (both ratio levels): means over the masked tokens, and
+`ratio_max` a maximum. The trainer logs each under its name."""
+
+
 def clipped_surrogate(
     log_ratio: Tensor,
     advantages: Tensor,
@@ -91,7 +96,7 @@ def clipped_surrogate(
         clipped_high = (ratio > 1.0 + clip_high) & (advantages > 0)  # [B, T]
         dual_clipped = (ratio > (dual_clip or float("inf"))) & (advantages < 0)  # [B, T], none when off
         masked_ratio = torch.where(mask > 0, ratio, torch.zeros_like(ratio))  # [B, T]
-        stats = {
+        stats = {  # SURROGATE_STATS
             "clip_fraction": _masked_mean((clipped_low | clipped_high).to(ratio.dtype), mask).item(),
             "clip_low_fraction": _masked_mean(clipped_low.to(ratio.dtype), mask).item(),
             "clip_high_fraction": _masked_mean(clipped_high.to(ratio.dtype), mask).item(),

@@ -1,25 +1,25 @@
 """Environments: task data, a turn hook and scoring inputs.
 
-`ENVS` holds the built-in environments by config name (each also declared as an entry
-point of group `toolpolicy.envs` in pyproject.toml); `USERS` the built-in user
+`ENVS` holds the built-in environments by config name and `DEMONSTRATORS` their
+demonstrators, both read from the one table of built-ins, `toolpolicy.envs.catalog`
+(each also declared as an entry point in pyproject.toml); `USERS` the built-in user
 simulators. A config may name its own by import path (see toolpolicy.registry).
 """
 
 import inspect
 from collections.abc import Callable
 
-from toolpolicy.envs.agentdojo.env import AgentDojoEnv
-from toolpolicy.envs.base import Env
+from toolpolicy.envs.base import Env, as_env
 from toolpolicy.envs.bfcl import BfclEnv, BfclMultiTurnEnv
 from toolpolicy.envs.calc import CalcEnv
+from toolpolicy.envs.catalog import BUILT_IN, Demonstrator
 from toolpolicy.envs.hotel import HotelEnv, ScriptedUser
 from toolpolicy.envs.zoom import ZoomEnv
 from toolpolicy.registry import ENVIRONMENT, USER, resolve_callable
 
-ENVS: dict[str, type] = {
-    "calc": CalcEnv, "hotel": HotelEnv, "bfcl_multi_turn": BfclMultiTurnEnv, "bfcl": BfclEnv, "agentdojo": AgentDojoEnv,
-    "zoom": ZoomEnv,
-}
+ENVS: dict[str, type] = {name: row.env for name, row in BUILT_IN.items()}
+DEMONSTRATORS: dict[str, Demonstrator] = {name: row.demonstrator for name, row in BUILT_IN.items() if row.demonstrator}
+"""The built-in demonstrators, by the name of the environment they demonstrate."""
 USERS: dict[str, Callable] = {"scripted": ScriptedUser}
 """User simulators: a factory `(task) -> User` for environments that take `user=`."""
 
@@ -43,10 +43,12 @@ def takes_user(factory: Callable[..., Env]) -> bool:
 
 
 def make_env(name: str, **options: object) -> Env:
-    """A fresh environment `name`, with `options` (e.g. user=) passed to its factory."""
-    return env_factory(name)(**options)
+    """A fresh environment `name`, with `options` (e.g. user=) passed to its factory (one
+    written without the `Env` base is adopted, `as_env`)."""
+    return as_env(env_factory(name)(**options))
 
 
 __all__ = [
-    "ENVS", "USERS", "BfclEnv", "BfclMultiTurnEnv", "CalcEnv", "Env", "HotelEnv", "ZoomEnv", "env_factory", "make_env", "takes_user", "user_factory",
+    "DEMONSTRATORS", "ENVS", "USERS", "BfclEnv", "BfclMultiTurnEnv", "CalcEnv", "Demonstrator", "Env", "HotelEnv", "ZoomEnv",
+    "as_env", "env_factory", "make_env", "takes_user", "user_factory",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from toolpolicy.envs.base import opening
+from toolpolicy.envs.base import Env, Probability
 from toolpolicy.tools import ToolSet, calculator
 from toolpolicy.types import Message, Task, ToolCall
 
@@ -48,8 +48,13 @@ def _hard(rng: random.Random) -> tuple[str, int]:
     return f"{a} + {b} + {c}", a + b + c
 
 
-class CalcEnv:
-    """Arithmetic with a calculator tool; see the module docstring."""
+class CalcEnv(Env):
+    """Arithmetic with a calculator tool; see the module docstring.
+
+    Args:
+        hard_fraction: the share of tasks that are hard (multi-digit products and sums the
+            model must compute with the calculator); the others are one-digit sums.
+    """
 
     name = "calc"
     system_prompt = SYSTEM_PROMPT
@@ -81,12 +86,6 @@ class CalcEnv:
                 )
             )
         return out
-
-    def initial_messages(self, task: Task) -> list[Message]:
-        return opening(self.system_prompt, task)
-
-    def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
-        return None
 
     def expert_turns(self, task: Task, rng: random.Random, style: ExpertStyle) -> list[Message]:
         return expert_turns(task, rng, style)
@@ -121,3 +120,16 @@ def expert_turns(task: Task, rng: random.Random, style: ExpertStyle) -> list[Mes
     turns.append(Message("assistant", f"Answer: {task.answer}"))
     return turns
 
+
+def demonstrate(
+    task: Task, rng: random.Random, env: Env, *, tool_on_hard: Probability = 0.4, tool_on_easy: Probability = 0.4,
+    malformed: Probability = 0.1,
+) -> list[Message]:
+    """calc's imperfect expert, the demonstrator of its SFT cold start.
+
+    Args:
+        tool_on_hard: the probability that it calls the calculator on a hard task (else it guesses).
+        tool_on_easy: the probability that it makes a needless call on an easy task.
+        malformed: the probability that a call is first written malformed, then fixed.
+    """
+    return expert_turns(task, rng, ExpertStyle(tool_on_hard, tool_on_easy, malformed))

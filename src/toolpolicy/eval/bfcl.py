@@ -37,7 +37,8 @@ from toolpolicy.rewards.bfcl import components, verdict
 from toolpolicy.rollout import GenRequest, HFBackend
 from toolpolicy.rollout.chat_endpoint import ChatClient, Endpoint, decode_reply
 from toolpolicy.config import Config, ConfigError, EvalSection
-from toolpolicy.build import build_backend, episode_limits, inference_policy
+from toolpolicy.build import episode_limits, inference_policy
+from toolpolicy.rollout.catalog import build_backend
 from toolpolicy.types import Message, ToolCall
 
 __all__ = [  # Entry and its helpers are single_data's (the bfcl environment reads them too), named here for callers

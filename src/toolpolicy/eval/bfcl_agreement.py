@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolpolicy.eval.bfcl import Entry
+from toolpolicy.envs.bfcl.answers import answer_values, parameters_of, right_calls, schema_of, written
 from toolpolicy.eval.bfcl_v4 import AST_CATEGORIES, load_v4
 from toolpolicy.rewards.bfcl import verdict
-from toolpolicy.rewards.bfcl_literals import java_literal, js_literal
 from toolpolicy.types import ToolCall
 
 Verdict = bool | str  # True / False, or "error: <exception type>"
@@ -91,87 +91,6 @@ def _verdict(check: Callable[[], bool]) -> Verdict:
 
 
 # ---- answers as a model would write them -------------------------------------------------
-
-
-def _parameters(entry: Entry, function: str) -> dict[str, Any]:
-    """The parameters schema of one of the entry's functions ({} for a name it does not offer)."""
-    return next(((f.get("parameters") or {}) for f in entry.functions if f["name"] == function), {})
-
-
-def _schema(entry: Entry, function: str, param: str) -> dict[str, Any]:
-    return _parameters(entry, function).get("properties", {}).get(param) or {}
-
-
-def pick(options: list[Any], last: bool = False) -> tuple[bool, Any]:
-    """(given?, value): the first (or last) acceptable value; not given when "" comes first or is all there is."""
-    values = [o for o in options if o != ""]
-    if not values or (not last and options[0] == ""):
-        return False, None
-    return True, values[-1] if last else values[0]
-
-
-def _concrete(value: Any, schema: dict[str, Any], last: bool) -> Any:
-    """A dict answer is a table of acceptable values per key, a list of dicts a list of such tables: pick from each."""
-    kind = schema.get("type")
-    if isinstance(value, dict) and kind in ("dict", "object", "HashMap"):
-        return _pick_table(value, last)
-    if isinstance(value, list) and (schema.get("items") or {}).get("type") in ("dict", "object", "HashMap"):
-        return [_pick_table(item, last) if isinstance(item, dict) else item for item in value]
-    return value
-
-
-def _pick_table(table: dict[str, Any], last: bool) -> dict[str, Any]:
-    out = {}
-    for key, options in table.items():
-        given, value = pick(options, last) if isinstance(options, list) else (True, options)
-        if given:
-            out[key] = value
-    return out
-
-
-def written(entry: Entry, schema: dict[str, Any], value: Any) -> Any:
-    """`value` as the model writes it: itself in Python, a source literal in Java and JavaScript."""
-    if entry.language == "python":
-        return value
-    kind, item_kind = schema.get("type", "any"), (schema.get("items") or {}).get("type")
-    return (java_literal if entry.language == "java" else js_literal)(value, kind, item_kind)
-
-
-def answer_values(entry: Entry, last: bool = False, minimal: bool = False, optional: bool = False) -> list[ToolCall]:
-    """The expected calls with acceptable values, in order, before any is written as a literal.
-
-    By default a parameter is given when its first acceptable value is not "" (the
-    last value with `last`). `minimal` is the oracle's answer: only the parameters
-    the schema requires or the answer cannot do without, each with its first value;
-    with `optional` too, every parameter that has an acceptable value besides "" and null.
-    """
-    calls = []
-    for k, want in enumerate(entry.expected):
-        ((function, table),) = want.items()
-        required = set(_parameters(entry, function).get("required") or ())
-        arguments = {}
-        for param, options in table.items():
-            if minimal:
-                values = [o for o in options if o != ""]
-                given = bool(values) and (param in required or "" not in options)
-                if optional and not given:  # may be left out: given a value, if one besides null
-                    values = [o for o in values if o is not None]
-                    given = bool(values)
-                value = values[0] if given else None
-            else:
-                given, value = pick(options, last)
-            if given:
-                arguments[param] = _concrete(value, _schema(entry, function, param), last)
-        calls.append(ToolCall(function, arguments, f"call_{k}"))
-    return calls
-
-
-def right_calls(entry: Entry, last: bool = False, minimal: bool = False, optional: bool = False) -> list[ToolCall]:
-    """`answer_values` as a model would send them."""
-    return [
-        ToolCall(c.name, {p: written(entry, _schema(entry, c.name, p), v) for p, v in c.arguments.items()}, c.id)
-        for c in answer_values(entry, last, minimal, optional)
-    ]
 
 
 # ---- mutations ---------------------------------------------------------------------------
@@ -255,7 +174,7 @@ def mutations(entry: Entry) -> Iterator[tuple[str, list[ToolCall]]]:
             return [*base[:k], ToolCall(name or call.name, arguments, call.id), *base[k + 1:]]
 
         for param in call.arguments:
-            schema = _schema(entry, call.name, param)
+            schema = schema_of(entry, call.name, param)
             for label, change in VALUE_MUTATIONS.items():
                 value = written(entry, schema, change(raw[k][param]))
                 if repr(value) != repr(call.arguments[param]):  # 5 == 5.0 and True == 1, but they are other answers
@@ -263,9 +182,9 @@ def mutations(entry: Entry) -> Iterator[tuple[str, list[ToolCall]]]:
             if entry.language != "python":  # the raw value, not a literal string
                 yield f"not a literal string: {call.name}.{param}", replaced({**call.arguments, param: raw[k][param]})
             yield f"missing parameter: {call.name}.{param}", replaced({key: v for key, v in call.arguments.items() if key != param})
-        for param in _parameters(entry, call.name).get("properties", {}):
+        for param in parameters_of(entry, call.name).get("properties", {}):
             if param not in call.arguments:
-                yield f"extra parameter: {call.name}.{param}", replaced({**call.arguments, param: written(entry, _schema(entry, call.name, param), 1)})
+                yield f"extra parameter: {call.name}.{param}", replaced({**call.arguments, param: written(entry, schema_of(entry, call.name, param), 1)})
         yield f"unknown parameter: {call.name}", replaced({**call.arguments, "unknown_parameter": 1})
         yield f"wrong name: {call.name}", replaced(call.arguments, call.name + "_v2")
         for other in entry.functions:

@@ -11,8 +11,8 @@ rebuilt for any finished or half-finished run without torch or a model.
 
 Modules: run_files (reading), comparison (before/after rows, terminal table),
 plots (PNG figures), trajectories (sample episodes), viewer (the stored RL rollouts, token by
-token), rollout_view (the same in the terminal), page (the HTML document),
-readme_tables (README.md's results tables, from the summaries published in docs/results/).
+token), rollout_view (the same in the terminal), page (the HTML document). The tables the
+documentation shows are rendered outside the package, by docs/tables.py.
 """
 
 from toolpolicy.report.comparison import format_comparison, format_summary

@@ -51,8 +51,9 @@ class Generation:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do, declared once; the trainer and the config checks read these,
-    never a backend's name."""
+    """What a backend can do, declared once on its class (`capabilities`); the trainer and the
+    config checks read it (rollout/catalog.py's `capabilities_of`), never a backend's name. A
+    request seed a backend would not use is refused when the config is loaded, never dropped."""
 
     request_seeds: bool
     """Each request may carry its own seed and draws its tokens from that stream alone
@@ -63,15 +64,6 @@ class Capabilities:
     in_process: bool
     """Samples from a torch module in the trainer's process, so a copy of the policy in a
     thread can sample while the trainer updates (rl.max_staleness)."""
-
-
-CAPABILITIES: dict[str, Capabilities] = {
-    "hf": Capabilities(request_seeds=True, exact_logprobs=True, in_process=True),
-    "vllm": Capabilities(request_seeds=False, exact_logprobs=False, in_process=False),
-    "server": Capabilities(request_seeds=False, exact_logprobs=False, in_process=False),
-}
-"""The capabilities of each backend the config can name (section `backend`); a request seed
-that a vLLM engine would not use is refused when the config is loaded, never dropped."""
 
 
 def unseeded(requests: list[GenRequest], backend: str) -> list[GenRequest]:
@@ -130,7 +122,7 @@ class HFBackend:
     always runs, whatever its length.
     """
 
-    capabilities = CAPABILITIES["hf"]
+    capabilities = Capabilities(request_seeds=True, exact_logprobs=True, in_process=True)
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from toolpolicy.envs.base import Session, run_admitted
+from toolpolicy.envs.base import Session
 from toolpolicy.gate import Gate, Ledger, admit, settle
 from toolpolicy.rollout.trajectory import Trajectory
 from toolpolicy.types import Episode, Message
@@ -98,7 +98,7 @@ def replay_prefix(session: Session, gate: Gate, ledger: Ledger, messages: list[M
                 admission = admit(gate, ledger, call)
                 if not admission.runs:
                     continue
-                result = run_admitted(session, call, admission.decision)
+                result = session.run_admitted(call, admission.decision)
                 settle(ledger, call, result.ok, result.facts)
                 if seen is not None and (gate.redact(result.content), result.images) != (seen.content, seen.images):
                     return f"branch: tool {call.name} gave another result when its call was replayed (it is not deterministic)"

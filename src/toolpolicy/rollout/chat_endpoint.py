@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 from toolpolicy.chat import ParsedTurn
-from toolpolicy.envs.base import Env, Session, listed_specs
+from toolpolicy.envs.base import Env, Session
 from toolpolicy.gate import Gate, Ledger
 from toolpolicy.rollout.engine import Figures, GatedLoop, EpisodeLimits, act, opening_ledger, record_turn, truncate
 from toolpolicy.types import CallError, Episode, Message, Task, ToolCall
@@ -182,7 +182,7 @@ class ChatRollout:
     episode: Episode
     wire: list[dict[str, Any]]
     tools: list[dict[str, Any]]
-    """The tools offered to the endpoint: the environment's for this task (`listed_specs`)."""
+    """The tools offered to the endpoint: the environment's for this task (`Env.task_specs`)."""
     ledger: Ledger = field(default_factory=Ledger)
     completion_tokens: int = 0
 
@@ -199,7 +199,7 @@ class ChatEngine(GatedLoop):
         rollouts = []
         for task in tasks:
             messages = self.env.initial_messages(task)
-            tools = [spec.to_openai() for spec in listed_specs(self.env, task)]
+            tools = [spec.to_openai() for spec in self.env.task_specs(task)]
             rollouts.append(ChatRollout(Episode(task, list(messages)), [to_wire(m) for m in messages], tools, opening_ledger(task)))
         with ThreadPoolExecutor(max_workers=max(1, self.client.endpoint.concurrency)) as pool:
 

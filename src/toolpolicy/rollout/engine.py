@@ -26,7 +26,7 @@ from typing_extensions import Self
 
 from toolpolicy.chat import ChatTemplate, ParsedTurn, cut_at_stop
 from toolpolicy.chat.images import IMAGE_PAD, image_runs
-from toolpolicy.envs.base import Env, Session, listed_specs, open_session, run_admitted
+from toolpolicy.envs.base import Env, Session, as_env, open_session
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
 from toolpolicy.rollout.branch import Branch, quiet, replay_prefix
@@ -103,7 +103,7 @@ def act(
             continue
         if not admission.decision.allowed:  # shadow mode: counted, then run as if there were no gate
             events.append(Event("violation", turn, rules))
-        result = run_admitted(session, call, admission.decision)
+        result = session.run_admitted(call, admission.decision)
         settle(ledger, call, result.ok, result.facts)
         observations.append(Message("tool", gate.redact(result.content), name=call.name, tool_call_id=call.id, images=result.images))
         if result.ok:
@@ -132,7 +132,7 @@ def record_turn(
     if infra_error is not None:
         episode.infra_error = infra_error
         return None
-    if getattr(session, "single_turn", False):
+    if session.single_turn:
         return None
     return observations or session.on_answer(episode.messages) or None
 
@@ -167,7 +167,7 @@ def prompt_ids(env: Env, template: ChatTemplate, encode: Encode, task: Task, mes
     """The token ids an episode of `task` starts from: its opening messages (`messages`, else
     the environment's) and the tools it is shown, rendered by the template."""
     opening = env.initial_messages(task) if messages is None else messages
-    return list(encode(template.render_prompt(opening, listed_specs(env, task))))
+    return list(encode(template.render_prompt(opening, env.task_specs(task))))
 
 
 def opening_ledger(task: Task) -> Ledger:
@@ -199,7 +199,7 @@ class GatedLoop:
     """
 
     def __init__(self, env: Env, gate: Gate | None, limits: EpisodeLimits) -> None:
-        self.env = env
+        self.env = as_env(env)
         self.gate = gate if gate is not None else Gate(allow_all_policy(), env.tools)
         self.limits = limits
 

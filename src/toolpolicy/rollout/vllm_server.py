@@ -39,7 +39,7 @@ import httpx
 import torch
 
 from toolpolicy.model.adapters import merged_weights
-from toolpolicy.rollout.backends import CAPABILITIES, Generation, GenRequest, unseeded
+from toolpolicy.rollout.backends import Capabilities, Generation, GenRequest, unseeded
 from toolpolicy.rollout.chat_endpoint import EndpointError, send
 from toolpolicy.rollout.vllm_engine import VLLMSettings, unique_tensors
 
@@ -142,7 +142,7 @@ class EndpointBackend:
     POSTs of a turn run concurrently. `counts`: prefill (prompt tokens the server's
     prefix cache did not hold) and decode (each sampled token but the last)."""
 
-    capabilities = CAPABILITIES["server"]
+    capabilities = Capabilities(request_seeds=False, exact_logprobs=False, in_process=False)
 
     def __init__(
         self,

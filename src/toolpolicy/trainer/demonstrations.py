@@ -13,6 +13,7 @@ import torch
 
 from toolpolicy.build import build_env, episode_limits
 from toolpolicy.envs import Env
+from toolpolicy.envs.base import offers_reading_pictures
 from toolpolicy.chat import ChatTemplate
 from toolpolicy.config import Config, ConfigError
 from toolpolicy.model import char_codec, make_template
@@ -22,8 +23,7 @@ from toolpolicy.model.reading import warm_up_reading
 from toolpolicy.model.vision import VisionShape
 from toolpolicy.rollout import RolloutEngine, ScriptedBackend, Trajectory
 from toolpolicy.types import Message, Task
-from toolpolicy.checks import demonstrator_options
-from toolpolicy.trainer.demonstrators import demonstrator_for
+from toolpolicy.checks import demonstrator_for, demonstrator_options
 from toolpolicy.trainer.sft_data import data_examples
 
 
@@ -111,7 +111,7 @@ def reading_warm_up(cfg: Config) -> Callable[[torch.nn.Module], None] | None:
     if not tiny.reading_steps:
         return None
     env = build_env(cfg.env)
-    if not hasattr(env, "reading_pictures"):
+    if not offers_reading_pictures(env):
         raise ConfigError(f"field 'embedded.reading_steps': env {cfg.env.name!r} offers no reading pictures (reading_pictures); set it to 0")
 
     def warm_up(model: torch.nn.Module) -> None:

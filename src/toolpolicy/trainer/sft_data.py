@@ -24,7 +24,7 @@ from typing import Any
 
 from toolpolicy.chat import ChatTemplate
 from toolpolicy.chat.records import Conversation, RecordError, conversation_from_record, unoffered_call
-from toolpolicy.envs.base import Env
+from toolpolicy.envs.base import Env, shows_each_task_its_tools
 from toolpolicy.jsonl import read_objects
 from toolpolicy.rollout import EpisodeLimits, Trajectory, recorded_trajectory
 from toolpolicy.types import Task, ToolSpec
@@ -94,7 +94,7 @@ def record_tools(conversations: list[tuple[str, Conversation]], env: Env) -> tup
       parameters) is trained as it is (a warning: its prompt differs from RL's);
     - an assistant call to a tool the record does not offer is an error.
     Errors raise SftDataError naming the file and line (or row) and the field."""
-    per_task = getattr(env, "task_specs", None) is not None  # no one set of tools to compare with
+    per_task = shows_each_task_its_tools(env)  # no one set of tools to compare with
     theirs = env.tools.specs()
     shown: list[list[ToolSpec]] = []
     missing: list[str] = []

@@ -28,7 +28,7 @@ import random
 from typing import Any
 
 from toolpolicy.envs.agentdojo.facts import opening_facts
-from toolpolicy.envs.base import opening
+from toolpolicy.envs.base import Env, Session
 from toolpolicy.envs.agentdojo.package import (
     ATTACKS,
     BENCHMARK_VERSION,
@@ -60,7 +60,7 @@ def split_of(position: int) -> str:
     return SPLITS[position % 2]
 
 
-class AgentDojoSession:
+class AgentDojoSession(Session):
     """One episode: its copy of the suite's environment, the calls run on it, the final answer."""
 
     def __init__(self, env: AgentDojoEnv, task: Task) -> None:
@@ -95,8 +95,14 @@ class AgentDojoSession:
         }
 
 
-class AgentDojoEnv:
-    """An AgentDojo suite under an attack; see the module docstring."""
+class AgentDojoEnv(Env):
+    """An AgentDojo suite under an attack; see the module docstring.
+
+    Args:
+        suite: the AgentDojo suite whose user tasks are the tasks (workspace, travel, banking, slack).
+        attack: the prompt-injection attack planted in the tools' data ("none": the user tasks alone).
+        version: the AgentDojo benchmark version the suite is read from.
+    """
 
     name = "agentdojo"
     system_prompt = SYSTEM_PROMPT
@@ -127,9 +133,6 @@ class AgentDojoEnv:
         injection_id = injection.ID if injection is not None else ""
         info = {"user_task": user.ID, "injection_task": injection_id, "gate_facts": facts}
         return Task(f"{self.suite.name}/{user.ID}/{injection_id or 'none'}", user.PROMPT, "", info)
-
-    def initial_messages(self, task: Task) -> list[Message]:
-        return opening(self.system_prompt, task)
 
     def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
         raise RuntimeError("agentdojo episodes run in a session: use env.session(task)")

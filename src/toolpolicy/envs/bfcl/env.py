@@ -44,7 +44,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from toolpolicy.envs.base import cycled_draw, opening
+from toolpolicy.envs.base import Env, Session, cycled_draw
 from toolpolicy.envs.bfcl.backends import (
     accepted_arguments, fresh_instances, method_owners, parse_call, run_method, tool_spec,
 )
@@ -123,7 +123,7 @@ def _not_bound(name: str) -> Callable[..., Any]:
     return never
 
 
-class BfclSession:
+class BfclSession(Session):
     """One episode of one entry: the model's backend instances, the ground truth's, and BFCL's verdict so far."""
 
     def __init__(self, entry: Entry) -> None:
@@ -202,7 +202,7 @@ def all_tools() -> ToolSet:
     return ToolSet([_gate_view(doc["name"]) for backend in BACKENDS for doc in function_docs(backend)])
 
 
-class BfclMultiTurnEnv:
+class BfclMultiTurnEnv(Env):
     """BFCL v4's multi-turn entries on their own backends; see the module docstring.
 
     Args:
@@ -236,9 +236,6 @@ class BfclMultiTurnEnv:
         """The functions listed to the model for `task`: its backends', less those withheld at first."""
         return [tool_spec(doc) for doc in listed_functions(self.entries[task.id], 0)]
 
-    def initial_messages(self, task: Task) -> list[Message]:
-        return opening(self.system_prompt, task)
-
     def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
         raise RuntimeError("bfcl_multi_turn episodes run in a session: use env.session(task)")
 
@@ -259,3 +256,7 @@ class BfclMultiTurnEnv:
             turns.append(Message("assistant", DONE if calls else CANNOT))
         return turns
 
+
+def demonstrate(task: Task, rng: random.Random, env: BfclMultiTurnEnv) -> list[Message]:
+    """BFCL's ground truth, replayed exactly (its entries hold no imperfect answers to draw from)."""
+    return env.expert_turns(task, rng)

@@ -99,7 +99,7 @@ a string, a null date: live_multiple_552-153-1, 595-158-1, 596-158-2, 731-167-2,
 733-167-4, 735-167-6, 1038-265-0): BFCL accepts them, so they are right (bfcl_correct 1)
 and malformed (bfcl_format 0) at once.
 
-The SFT demonstrator (`bfcl`, toolpolicy.trainer.demonstrators) writes one answer per
+The SFT demonstrator (`bfcl`, envs/bfcl/demonstrator.py) writes one answer per
 entry from its possible answers. BFCL's checker accepts 1994 of the 1999 train ones; the
 other 5 are the entries whose possible answer cannot be written as a passing call
 (eval.bfcl_agreement.INTENDED_ANSWER_REJECTED: a required parameter without an acceptable
@@ -117,8 +117,8 @@ from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from typing import Any
 
-from toolpolicy.config import ConfigError
-from toolpolicy.envs.base import cycled_draw
+from toolpolicy.errors import ConfigError
+from toolpolicy.envs.base import Env, Session, cycled_draw
 from toolpolicy.envs.bfcl.single_data import (
     ARCHIVED_CATEGORIES, CATEGORIES, CATEGORY_GROUPS, Category, Entry, known_categories, load_archived, load_v4, shown_name,
 )
@@ -651,7 +651,7 @@ def _gate_tools(categories: tuple[str, ...]) -> ToolSet:
     return gate_tools([e for e in (*split.train, *split.held_out) if e.category in categories])
 
 
-class BfclSession:
+class BfclSession(Session):
     """One episode of one entry: its functions, and one assistant turn."""
 
     single_turn = True
@@ -659,14 +659,8 @@ class BfclSession:
     def __init__(self, tools: ToolSet) -> None:
         self.tools = tools
 
-    def on_answer(self, messages: list[Message]) -> list[Message] | None:
-        return None
 
-    def finish(self) -> dict[str, Any]:
-        return {}
-
-
-class BfclEnv:
+class BfclEnv(Env):
     """BFCL v4's single-turn entries, one scored assistant turn each; see the module docstring.
 
     Args:
@@ -763,9 +757,6 @@ class BfclEnv:
 
     def initial_messages(self, task: Task) -> list[Message]:
         return list(self.entries[task.id].messages)
-
-    def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
-        return None
 
     def session(self, task: Task) -> BfclSession:
         if task.id not in self._entry_tools:

@@ -24,12 +24,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from toolpolicy.envs.base import opening
+from toolpolicy.envs.base import Env, Session
 from toolpolicy.envs.hotel.database import TODAY, canonical_hash, fresh_copy
 from toolpolicy.envs.hotel.expert import ExpertStyle, expert_turns
 from toolpolicy.envs.hotel.tasks import make_tasks, plan_calls
 from toolpolicy.envs.hotel.tools import make_tools
-from toolpolicy.envs.hotel.user import UserFactory, scripted_user
+from toolpolicy.envs.hotel.user import UserFactory, scenario_text, scripted_user
 from toolpolicy.gate import Decision, Policy
 from toolpolicy.types import Message, Task, ToolCall, ToolResult
 
@@ -57,7 +57,7 @@ def write_key(call: ToolCall) -> tuple[str, tuple[tuple[str, Any], ...]]:
     return call.name, tuple(sorted((k, v) for k, v in call.arguments.items() if k not in FREE_TEXT_ARGUMENTS))
 
 
-class HotelSession:
+class HotelSession(Session):
     """One episode: its database copy and its guest; it sees every admitted call run."""
 
     def __init__(self, task: Task, user: UserFactory) -> None:
@@ -104,8 +104,14 @@ class HotelSession:
         }
 
 
-class HotelEnv:
-    """Hotel stays on SQLite; see the module docstring."""
+class HotelEnv(Env):
+    """Hotel stays on SQLite; see the module docstring.
+
+    Args:
+        db_seed: the seed of the hotel's database (its guests and bookings) and of its tasks.
+        user: the simulated guest, a factory `(task) -> User` (env.user, env.user_url; the
+            scripted guest by default).
+    """
 
     name = "hotel"
     system_prompt = POLICY_MARKDOWN
@@ -130,14 +136,15 @@ class HotelEnv:
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         return make_tasks(split, n, seed, self.db_seed)
 
-    def initial_messages(self, task: Task) -> list[Message]:
-        return opening(self.system_prompt, task)
-
     def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
         raise RuntimeError("hotel episodes run in a session: use env.session(task)")
 
     def session(self, task: Task) -> HotelSession:
         return HotelSession(task, self.user)
+
+    def user_scenario(self, task: Task) -> str:
+        """The guest's situation and wishes, for a served model playing the guest."""
+        return scenario_text(task)
 
     def expert_turns(self, task: Task, rng: random.Random, style: ExpertStyle) -> list[Message]:
         """The imperfect demonstrator's assistant turns for `task` (see expert.py)."""

@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from toolpolicy.envs.base import Env, Probability
 from toolpolicy.envs.hotel.tasks import ASK_IDENTITY, call, say
 from toolpolicy.types import Message, Task, ToolCall
 
@@ -102,3 +103,20 @@ def expert_turns(task: Task, rng: random.Random, style: ExpertStyle) -> list[Mes
         plan = _slipped(task, plan, rng)
     return [Message("assistant", "", (ToolCall(s["call"]["name"], dict(s["call"]["arguments"])),)) if "call" in s
             else Message("assistant", s["say"]) for s in plan]
+
+
+def demonstrate(
+    task: Task, rng: random.Random, env: Env, *, violation: Probability = 0.2, guess: Probability = 0.1,
+    slip: Probability = 0.0,
+) -> list[Message]:
+    """hotel's imperfect desk clerk, the demonstrator of its SFT cold start.
+
+    Args:
+        violation: the probability that it breaks the policy on a task (skips verification,
+            refunds too much, carries out a request it should refuse).
+        guess: the probability that it acts without asking where the answer matters (cancels
+            the first of several bookings, changes dates the guest would decline).
+        slip: the probability that, when the guest gave only a name, it verifies a namesake
+            from the lookup list first, then asks for the guest's id.
+    """
+    return expert_turns(task, rng, ExpertStyle(violation, guess, slip))

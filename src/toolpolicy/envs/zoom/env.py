@@ -37,6 +37,7 @@ from typing import Any
 from PIL import Image as PILImage
 from PIL import ImageDraw, ImageFont
 
+from toolpolicy.envs.base import Env, Probability, Session
 from toolpolicy.tools.images import picture_tools, png
 from toolpolicy.tools.toolset import ToolSet
 from toolpolicy.types import Message, Reading, Task, ToolCall
@@ -100,8 +101,14 @@ def _placed(difficulty: str, code: str, rng: random.Random) -> dict[str, Any]:
     return {"at": [x, y], "cell": cell, "evidence": [x + left, y + top, x + right, y + bottom]}
 
 
-class ZoomEnv:
-    """Codes in pictures, small or large; see the module docstring."""
+class ZoomEnv(Env):
+    """Codes in pictures, small or large; see the module docstring.
+
+    Args:
+        hard_fraction: the share of tasks whose code is drawn too small to read without a zoom.
+        tools: the picture tools the model is given (`picture_tools`: zoom, rotate, draw_box,
+            draw_point).
+    """
 
     name = "zoom"
     system_prompt = SYSTEM_PROMPT
@@ -163,9 +170,6 @@ class ZoomEnv:
         view = png(draw_task(task.info).resize((VIEW, VIEW), PILImage.BILINEAR))
         return [Message("system", self.system_prompt), Message("user", task.prompt, images=(view,))]
 
-    def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:
-        return None
-
     def session(self, task: Task) -> ZoomSession:
         return ZoomSession(task, self.listed)
 
@@ -216,17 +220,11 @@ def _reading(full: PILImage.Image, region: tuple[int, int, int, int], regions: l
     return Reading(png(full.crop(region).resize((VIEW, VIEW), PILImage.BILINEAR)), moved, text)
 
 
-class ZoomSession:
+class ZoomSession(Session):
     """One episode: the picture tools over the task's own picture."""
 
     def __init__(self, task: Task, listed: tuple[str, ...]) -> None:
         self.tools = listed_tools(draw_task(task.info), listed)
-
-    def on_answer(self, messages: list[Message]) -> list[Message] | None:
-        return None
-
-    def finish(self) -> dict[str, Any]:
-        return {}
 
 
 def listed_tools(source: PILImage.Image, names: tuple[str, ...]) -> ToolSet:
@@ -243,3 +241,18 @@ def zoom_on(row: int, col: int) -> Message:
 def _guess(code: str, rng: random.Random) -> str:
     """A wrong code of three digits."""
     return next(guess for guess in (f"{rng.randint(100, 999)}" for _ in range(100)) if guess != code)
+
+
+def demonstrate(
+    task: Task, rng: random.Random, env: ZoomEnv, *, zoom_on_hard: Probability = 0.5, right_cell: Probability = 0.8,
+    zoom_on_easy: Probability = 0.3,
+) -> list[Message]:
+    """zoom's imperfect reader, the demonstrator of its SFT cold start.
+
+    Args:
+        zoom_on_hard: the probability that it zooms on a hard task (else it guesses the code).
+        right_cell: the probability that a zoom on a hard task is on the pink square (else on
+            another cell, then it guesses).
+        zoom_on_easy: the probability that it zooms needlessly on an easy task.
+    """
+    return env.expert_turns(task, rng, ExpertStyle(zoom_on_hard, right_cell, zoom_on_easy))

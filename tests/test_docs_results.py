@@ -1,23 +1,22 @@
-"""README.md's results tables and checkpoint hash equal the committed files they come from.
+"""The docs' results tables and the shipped checkpoint's hash equal the committed files they come from.
 
-A table's figures are eval summaries published under docs/results/TABLE/ and rendered by
-toolpolicy.report.readme_tables. To refresh one: run the evals, then
+A table's figures are eval summaries published under docs/results/TABLE/ (or a bench's
+results file under bench/results/), rendered by docs/tables.py, and shown on the page
+docs/tables.py's PAGES names for it. To refresh one: run the evals, then
 
-    python -m toolpolicy.report.readme_tables publish RUN_DIR/eval/NAME.json ... --to docs/results/TABLE
-    python -m toolpolicy.report.readme_tables render TABLE    # paste into README.md
+    python docs/tables.py publish RUN_DIR/eval/NAME.json ... --to docs/results/TABLE
+    python docs/tables.py render TABLE    # paste into its page (python docs/tables.py pages lists them)
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
-
-from toolpolicy.report.readme_tables import (
-    BFCL_TABLES, DISTILL_TABLES, BfclTable, DistillTable, bfcl_table, demo_table, distill_table, hotel_table, main, render, summary_paths,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -25,49 +24,77 @@ README = ROOT / "README.md"
 CHECKPOINT_HASH = RESULTS / "calc-sft.sha256"
 
 
-def assert_readme_shows(table: str) -> None:
+def _docs_tables():
+    """docs/tables.py, loaded from its file: it lives beside the pages, outside the package."""
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "docs" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+tables = _docs_tables()
+BFCL_TABLES, DISTILL_TABLES, PAGES, TABLES = tables.BFCL_TABLES, tables.DISTILL_TABLES, tables.PAGES, tables.TABLES
+BfclTable, DistillTable = tables.BfclTable, tables.DistillTable
+bfcl_table, demo_table, distill_table, hotel_table = tables.bfcl_table, tables.demo_table, tables.distill_table, tables.hotel_table
+main, render, summary_paths = tables.main, tables.render, tables.summary_paths
+
+
+def assert_page_shows(table: str) -> None:
+    page = PAGES[table]
     missing = [str(p.relative_to(ROOT)) for p in summary_paths(table, RESULTS) if not p.is_file()]
     if missing:
-        pytest.fail(f"README.md's {table} table has no published source: missing {', '.join(missing)}. Run the evals, then "
-                    f"`python -m toolpolicy.report.readme_tables publish RUN_DIR/eval/NAME.json ... --to docs/results/{table}`",
+        pytest.fail(f"{page}'s {table} table has no published source: missing {', '.join(missing)}. Run the evals, then "
+                    f"`python docs/tables.py publish RUN_DIR/eval/NAME.json ... --to docs/results/{table}`",
                     pytrace=False)
     rendered = render(table, RESULTS)
-    if rendered not in README.read_text():
-        pytest.fail(f"README.md's {table} table differs from docs/results/{table}/; it should read:\n{rendered}", pytrace=False)
+    if rendered not in (ROOT / page).read_text():
+        pytest.fail(f"{page}'s {table} table differs from its published source; it should read:\n{rendered}", pytrace=False)
 
 
-def test_readme_demo_table_is_the_published_eval():
-    assert_readme_shows("demo")
+def test_every_table_has_one_page_that_exists():
+    registered = {*TABLES, *BFCL_TABLES, *DISTILL_TABLES}
+    assert set(PAGES) == registered, f"tables without a page: {sorted(registered - set(PAGES))}; pages of no table: {sorted(set(PAGES) - registered)}"
+    assert all((ROOT / page).is_file() for page in PAGES.values()), [page for page in PAGES.values() if not (ROOT / page).is_file()]
 
 
-def test_readme_hotel_table_is_the_published_eval():
-    assert_readme_shows("hotel")
+def test_demo_table_is_the_published_eval():
+    assert PAGES["demo"] == "README.md"  # the main job's result is the guide's own
+    assert_page_shows("demo")
 
 
-def test_readme_methods_table_is_the_published_benchmark():
-    assert_readme_shows("methods")
+def test_hotel_table_is_the_published_eval():
+    assert_page_shows("hotel")
 
 
-def test_readme_distillation_table_is_the_published_benchmark():
-    assert_readme_shows("methods-teacher")
+def test_methods_table_is_the_published_benchmark():
+    assert_page_shows("methods")
 
 
-def test_readme_bfcl_methods_table_is_the_published_benchmark():
-    assert_readme_shows("methods-bfcl")
+def test_distillation_methods_table_is_the_published_benchmark():
+    assert_page_shows("methods-teacher")
 
 
-def test_readme_zoom_table_is_the_published_eval():
-    assert_readme_shows("zoom")
+def test_bfcl_methods_table_is_the_published_benchmark():
+    assert_page_shows("methods-bfcl")
+
+
+def test_zoom_table_is_the_published_eval():
+    assert_page_shows("zoom")
+
+
+def test_smollm2_calc_table_is_the_published_eval():
+    assert_page_shows("smollm2-calc")
 
 
 @pytest.mark.parametrize("table", sorted(BFCL_TABLES))
-def test_readme_bfcl_tables_are_the_published_comparisons(table):
-    assert_readme_shows(table)
+def test_bfcl_tables_are_the_published_comparisons(table):
+    assert_page_shows(table)
 
 
 @pytest.mark.parametrize("table", sorted(DISTILL_TABLES))
-def test_readme_distillation_tables_are_the_published_benchmarks(table):
-    assert_readme_shows(table)
+def test_distillation_tables_are_the_published_benchmarks(table):
+    assert_page_shows(table)
 
 
 def test_readme_quotes_the_recorded_hash_of_the_shipped_checkpoint():

@@ -1,14 +1,22 @@
-"""The README's results tables, rendered from the eval summaries committed under docs/results/.
+"""The results tables of the documentation, rendered from the result files committed beside it.
 
-    python -m toolpolicy.report.readme_tables publish runs/demo/eval/sft.json runs/demo/eval/rl.json --to docs/results/demo
-    python -m toolpolicy.report.readme_tables render demo     # prints the markdown table to paste into README.md
-    python -m toolpolicy.report.readme_tables render bfcl-prose   # a BFCL table, from its bench/results file
+The pages live in docs/ (and README.md); their figures come from files under docs/results/
+and bench/results/; this module, beside the pages, turns those files into the markdown
+tables the pages show. It is not part of the toolpolicy package: the package trains and
+evaluates, and this file only knows which experiment wrote which table and on which page it
+stands (PAGES). Run it with the project's Python (it reads eval summaries with toolpolicy's own
+readers), from the repository root:
+
+    python docs/tables.py publish runs/demo/eval/sft.json runs/demo/eval/rl.json --to docs/results/demo
+    python docs/tables.py render demo           # prints the markdown table to paste into its page
+    python docs/tables.py render bfcl-prose     # a BFCL table, from its bench/results file
+    python docs/tables.py pages                 # each table and the page that shows it
 
 `publish` copies eval summaries (eval/NAME.json, keys from toolpolicy.eval.metrics.summarize)
 into the repository, adds `published_from` (the file it copied) and copies the eval's
-resolved config (NAME.config.yaml) beside it. tests/test_readme_results.py renders every
-table from those files and requires README.md to contain it verbatim, so a figure in the
-README is always one the eval wrote. The BFCL tables (BFCL_TABLES) are rendered the same way
+resolved config (NAME.config.yaml) beside it. tests/test_docs_results.py renders every
+table from those files and requires its page to contain it verbatim, so a figure on a page
+is always one the eval wrote. The BFCL tables (BFCL_TABLES) are rendered the same way
 from the results files bench/bfcl_compare.py writes, the distillation tables (DISTILL_TABLES) from
 bench/distill_calc.py's. The tables carry no bold: a cell to stress is
 stressed in the prose around it.
@@ -28,8 +36,10 @@ from toolpolicy.envs.bfcl.single_data import CATEGORIES
 from toolpolicy.report.comparison import format_value
 from toolpolicy.report.run_files import RunFileError, read_eval
 
-RESULTS = Path("docs/results")
-"""Where published summaries live, one folder per table, relative to the repository root."""
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository this file belongs to."""
+RESULTS = ROOT / "docs" / "results"
+"""Where published summaries live, one folder per table."""
 
 
 def demo_table(before: dict[str, Any], after: dict[str, Any]) -> str:
@@ -161,7 +171,7 @@ def zoom_table(sft: dict[str, Any], rl_early: dict[str, Any], rl: dict[str, Any]
 
 @dataclass(frozen=True)
 class BfclTable:
-    """A README table of BFCL scores from one results file of bench/bfcl_compare.py: a row a run
+    """A table of BFCL scores from one results file of bench/bfcl_compare.py: a row a run
     (its label, its name in the file, and the run its intervals are against, if any)."""
 
     source: str
@@ -294,12 +304,12 @@ BFCL_TABLES: dict[str, BfclTable] = {
         ("Gemma 3 270M (base), the same SFT", "gemma3_sft300", "smollm2_sft300"),
     ), against="SmolLM2"),
 }
-"""The README's BFCL tables, each rendered from the results file bench/bfcl_compare.py wrote."""
+"""The BFCL tables, each rendered from the results file bench/bfcl_compare.py wrote."""
 
 
 @dataclass(frozen=True)
 class DistillTable:
-    """A README table of bench/distill_calc.py's results files: a row an arm of one file (its label,
+    """A table of bench/distill_calc.py's results files: a row an arm of one file (its label,
     the file relative to the repository root, and the arm's name in it)."""
 
     rows: tuple[tuple[str, str, str], ...]
@@ -382,7 +392,7 @@ DISTILL_TABLES: dict[str, DistillTable] = {
         ("reverse KL added to GRPO", "bench/results/distill_calc_half.json", "distill_full_reward"),
     )),
 }
-"""The README's distillation tables, each rendered from results files bench/distill_calc.py wrote."""
+"""The distillation tables, each rendered from results files bench/distill_calc.py wrote."""
 
 
 TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
@@ -395,6 +405,27 @@ TABLES: dict[str, tuple[Callable[..., str], tuple[str, ...]]] = {
     "zoom": (zoom_table, ("sft", "rl-300", "rl")),
 }
 """Each table: its renderer and the eval names of its columns, in the renderer's argument order."""
+
+
+def _on(page: str, *tables: str) -> dict[str, str]:
+    return dict.fromkeys(tables, page)
+
+
+PAGES: dict[str, str] = {
+    **_on("README.md", "demo"),
+    **_on("docs/experiments/calc.md", "smollm2-calc"),
+    **_on("docs/experiments/hotel.md", "hotel"),
+    **_on("docs/experiments/zoom.md", "zoom"),
+    **_on("docs/experiments/methods.md", "methods", "methods-teacher", "methods-bfcl"),
+    **_on("docs/experiments/bfcl-sft-and-rl.md", "bfcl-l20", "bfcl-all", "bfcl-sft300", "bfcl-unanswerable", "bfcl-prose",
+          "bfcl-train-side", "bfcl-gemma3", "bfcl-lr"),
+    **_on("docs/experiments/bfcl-enumerated.md", "bfcl-enumerated", "bfcl-enumerated-rl", "bfcl-enumerated-rl70",
+          "bfcl-optional-given", "bfcl-rl-temperature", "bfcl-rl-calls-only", "bfcl-rl-groups", "bfcl-archived"),
+    **_on("docs/experiments/distillation.md", *DISTILL_TABLES),
+}
+"""Each table and the page that shows it (relative to the repository root): the one place a table
+is placed. tests/test_docs_results.py requires every table of TABLES, BFCL_TABLES and
+DISTILL_TABLES to have a page here, and the page to contain the table as `render` writes it."""
 
 
 def summary_paths(table: str, results: Path = RESULTS) -> list[Path]:
@@ -458,26 +489,30 @@ def _count(value: float) -> str:
 
 
 def _markdown(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    """Cells padded by one space as README.md writes them: `| a | b |`, `|---|---|`, `| |` when empty."""
+    """Cells padded by one space as the pages write them: `| a | b |`, `|---|---|`, `| |` when empty."""
     lines = ["|" + "|".join(f" {cell} " if cell else " " for cell in line) + "|" for line in [header, *rows]]
     return "\n".join([lines[0], "|" + "---|" * len(header), *lines[1:]])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolpolicy.report.readme_tables", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python docs/tables.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     pub = commands.add_parser("publish", help="copy eval summaries (RUN_DIR/eval/NAME.json) into the repository")
     pub.add_argument("summaries", type=Path, nargs="+")
     pub.add_argument("--to", type=Path, required=True, help=f"e.g. {RESULTS}/demo")
-    show = commands.add_parser("render", help="print a README table from the published summaries")
+    show = commands.add_parser("render", help="print a table from the published summaries")
     show.add_argument("table", choices=sorted([*TABLES, *BFCL_TABLES, *DISTILL_TABLES]))
     show.add_argument("--results", type=Path, default=RESULTS, help="the folder holding one folder per table")
+    commands.add_parser("pages", help="list each table and the page that shows it")
     args = parser.parse_args(argv)
     try:
         if args.command == "publish":
             for path in publish(args.summaries, args.to):
                 print(f"wrote {path}")
+        elif args.command == "pages":
+            for table, page in PAGES.items():
+                print(f"{table:24} {page}")
         else:
             print(render(args.table, args.results))
     except (FileNotFoundError, ValueError) as err:  # RunFileError is a ValueError
