@@ -140,7 +140,7 @@ def hf_tokens_per_s(policy: PolicyModel, batch: int, prompt: int, tokens: int, r
 
 CATEGORIES = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm"),
-    "attention": ("scaled_dot_product", "flash_attention", "aten::_softmax_backward"),
+    "attention": ("scaled_dot_product", "flash_attention"),
     "sampling": ("aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::_log_softmax", "aten::multinomial",
                  "aten::exponential_", "aten::argmax", "aten::topk", "aten::sort", "aten::cumsum", "aten::div"),
     "casts": ("aten::to", "aten::_to_copy", "aten::copy_", "aten::type_as"),
@@ -148,10 +148,16 @@ CATEGORIES = {
                           "aten::select", "aten::stack", "aten::masked", "aten::view", "aten::reshape", "aten::transpose",
                           "aten::expand", "aten::contiguous", "aten::clone", "aten::empty", "aten::zeros", "aten::full"),
 }
+"""Operator groups of the profile: an `aten::` name matches an operator's name as a prefix,
+any other as a part of it. `casts` holds every aten::copy_, whatever copies: the casts of
+float32 weights under autocast, and any other copy (the cache's writes among them)."""
 
 
 def category_of(name: str) -> str:
-    return next((kind for kind, prefixes in CATEGORIES.items() if name.startswith(prefixes) or any(p in name for p in prefixes if not p.startswith("aten::"))), "other operators")
+    for kind, names in CATEGORIES.items():
+        if any(name.startswith(n) if n.startswith("aten::") else n in name for n in names):
+            return kind
+    return "other operators"
 
 
 def decode_profile(policy: PolicyModel, batch: int, prompt: int, tokens: int) -> dict[str, float]:
