@@ -411,6 +411,35 @@ def _on(page: str, *tables: str) -> dict[str, str]:
     return dict.fromkeys(tables, page)
 
 
+def decode_floor_table(result: dict[str, Any]) -> str:
+    """bench/decode_floor.py's synthetic batches: the floor and each sampler's tokens a second."""
+    floors = {row["batch"]: row["floor_tokens_per_s"] for row in result["floor"][result["dtype"]]}
+    samplers = list(result["sampled"])
+    rows = [
+        (str(batch), f"{floors[batch]:.0f}", *(
+            f"{row['tokens_per_s']:.0f} ({row['share_of_floor']:.0%})" for name in samplers for row in result["sampled"][name] if row["batch"] == batch
+        ))
+        for batch in sorted(floors)
+    ]
+    return _markdown(("batch", f"decode floor, {result['dtype']}", *(f"{name}, prefill included (share of the floor)" for name in samplers)), rows)
+
+
+def rollout_speed_table(result: dict[str, Any]) -> str:
+    """bench/decode_floor.py's real RL rollouts: sampled tokens a second by environment and backend."""
+    rows = [
+        (row["env"], row["backend"], str(row["episodes"]), str(row["tokens"]), f"{row['seconds']:.1f}", f"{row['tokens_per_s']:.0f}")
+        for row in result["rollouts"]
+    ]
+    return _markdown(("environment", "backend", "episodes", "sampled tokens", "seconds", "tokens a second"), rows)
+
+
+SPEED_TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "decode-floor": ("bench/results/decode_floor.json", decode_floor_table),
+    "rollout-speed": ("bench/results/decode_floor.json", rollout_speed_table),
+}
+"""The sampling-speed tables: the results file each is rendered from, and how."""
+
+
 PAGES: dict[str, str] = {
     **_on("README.md", "demo"),
     **_on("docs/experiments/calc.md", "smollm2-calc"),
@@ -422,10 +451,11 @@ PAGES: dict[str, str] = {
     **_on("docs/experiments/bfcl-enumerated.md", "bfcl-enumerated", "bfcl-enumerated-rl", "bfcl-enumerated-rl70",
           "bfcl-optional-given", "bfcl-rl-temperature", "bfcl-rl-calls-only", "bfcl-rl-groups", "bfcl-archived"),
     **_on("docs/experiments/distillation.md", *DISTILL_TABLES),
+    **_on("docs/speed.md", *SPEED_TABLES),
 }
 """Each table and the page that shows it (relative to the repository root): the one place a table
 is placed. tests/test_docs_results.py requires every table of TABLES, BFCL_TABLES and
-DISTILL_TABLES to have a page here, and the page to contain the table as `render` writes it."""
+DISTILL_TABLES and SPEED_TABLES to have a page here, and the page to contain the table as `render` writes it."""
 
 
 def summary_paths(table: str, results: Path = RESULTS) -> list[Path]:
@@ -435,6 +465,8 @@ def summary_paths(table: str, results: Path = RESULTS) -> list[Path]:
         return [results.parents[1] / BFCL_TABLES[table].source]
     if table in DISTILL_TABLES:
         return [results.parents[1] / source for source in dict.fromkeys(source for _, source, _ in DISTILL_TABLES[table].rows)]
+    if table in SPEED_TABLES:
+        return [results.parents[1] / SPEED_TABLES[table][0]]
     return [results / table / f"{name}.json" for name in TABLES[table][1]]
 
 
@@ -448,6 +480,8 @@ def render(table: str, results: Path = RESULTS) -> str:
         return bfcl_table(json.loads(paths[0].read_text()), BFCL_TABLES[table])
     if table in DISTILL_TABLES:
         return distill_table({str(p.relative_to(results.parents[1])): json.loads(p.read_text()) for p in paths}, DISTILL_TABLES[table])
+    if table in SPEED_TABLES:
+        return SPEED_TABLES[table][1](json.loads(paths[0].read_text()))
     renderer, _ = TABLES[table]
     return renderer(*(read_eval(p) for p in paths))
 
@@ -502,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("summaries", type=Path, nargs="+")
     pub.add_argument("--to", type=Path, required=True, help=f"e.g. {RESULTS}/demo")
     show = commands.add_parser("render", help="print a table from the published summaries")
-    show.add_argument("table", choices=sorted([*TABLES, *BFCL_TABLES, *DISTILL_TABLES]))
+    show.add_argument("table", choices=sorted([*TABLES, *BFCL_TABLES, *DISTILL_TABLES, *SPEED_TABLES]))
     show.add_argument("--results", type=Path, default=RESULTS, help="the folder holding one folder per table")
     commands.add_parser("pages", help="list each table and the page that shows it")
     args = parser.parse_args(argv)

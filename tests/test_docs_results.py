@@ -35,6 +35,7 @@ def _docs_tables():
 
 tables = _docs_tables()
 BFCL_TABLES, DISTILL_TABLES, PAGES, TABLES = tables.BFCL_TABLES, tables.DISTILL_TABLES, tables.PAGES, tables.TABLES
+SPEED_TABLES = tables.SPEED_TABLES
 BfclTable, DistillTable = tables.BfclTable, tables.DistillTable
 bfcl_table, demo_table, distill_table, hotel_table = tables.bfcl_table, tables.demo_table, tables.distill_table, tables.hotel_table
 main, render, summary_paths = tables.main, tables.render, tables.summary_paths
@@ -53,7 +54,7 @@ def assert_page_shows(table: str) -> None:
 
 
 def test_every_table_has_one_page_that_exists():
-    registered = {*TABLES, *BFCL_TABLES, *DISTILL_TABLES}
+    registered = {*TABLES, *BFCL_TABLES, *DISTILL_TABLES, *SPEED_TABLES}
     assert set(PAGES) == registered, f"tables without a page: {sorted(registered - set(PAGES))}; pages of no table: {sorted(set(PAGES) - registered)}"
     assert all((ROOT / page).is_file() for page in PAGES.values()), [page for page in PAGES.values() if not (ROOT / page).is_file()]
 
@@ -233,3 +234,8 @@ def test_bfcl_table_rows_intervals_and_an_unknown_run():
     assert bfcl_table(comparison, BfclTable("x.json", (("a", "a", None),), category_digits=0, whole=False)).splitlines()[2] == "| a | 25% | 100% | 6.2% |"
     with pytest.raises(ValueError, match=r"x.json has no run c \(its runs: a, b\)"):
         bfcl_table(comparison, BfclTable("x.json", (("c", "c", "a"),)))
+
+
+@pytest.mark.parametrize("table", sorted(SPEED_TABLES))
+def test_speed_tables_are_the_published_benchmark(table):
+    assert_page_shows(table)

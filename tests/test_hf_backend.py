@@ -66,18 +66,20 @@ def test_a_group_prefills_its_prompt_once_and_turns_add_only_new_tokens(hotel_po
     prompt = hotel_policy.encode("<|im_start|>user\nI would like to book a room.<|im_end|>\n<|im_start|>assistant\n")
     other = prompt[:-3] + prompt[-2:]
     first = backend.generate([GenRequest(k, prompt, 8) for k in range(4)] + [GenRequest(4, other, 8)])
-    assert backend.counts["prefill"] == len(prompt) + len(other)
+    # The two distinct prompts run their common prefix once, then each its own rest.
+    shared = next(i for i, (a, b) in enumerate(zip(prompt, other)) if a != b)
+    assert shared > 10 and backend.counts["prefill"] == len(prompt) + len(other) - shared
 
     observation = hotel_policy.encode("<|im_start|>user\nyes<|im_end|>\n<|im_start|>assistant\n")
     again = [GenRequest(k, prompt + first[k].ids + observation, 4) for k in (0, 2)]
     backend.generate(again)
     # Each continuing row runs its last sampled token (not yet in the cache) and the observation.
-    assert backend.counts["prefill"] == len(prompt) + len(other) + 2 * (1 + len(observation))
+    assert backend.counts["prefill"] == len(prompt) + len(other) - shared + 2 * (1 + len(observation))
 
     # A request that does not extend its episode's cached ids starts over from its full ids.
     changed = GenRequest(0, prompt + observation, 4)
     backend.generate([changed])
-    assert backend.counts["prefill"] == len(prompt) + len(other) + 2 * (1 + len(observation)) + len(changed.ids)
+    assert backend.counts["prefill"] == len(prompt) + len(other) - shared + 2 * (1 + len(observation)) + len(changed.ids)
 
 
 def test_the_calc_sampler_is_unchanged_by_the_cache() -> None:
@@ -175,3 +177,19 @@ def test_the_sampler_computes_logits_for_the_last_position_only(hotel_policy: Po
     finally:
         hook.remove()
     assert positions and set(positions) == {1}
+
+
+def test_prompts_that_begin_alike_run_their_prefix_once_and_sample_as_alone(hotel_policy: PolicyModel) -> None:
+    """Distinct prompts with one system prompt run it once (RowCache.prefill's shared prefix),
+    then each its question: each request's own stream samples the very ids it samples alone,
+    with log-probs within float32 rounding."""
+    system = hotel_policy.encode("<|im_start|>system\nYou book rooms for the guests of a hotel.<|im_end|>\n")
+    questions = ["I would like to book a room.", "Cancel my booking, please.", "Is breakfast included?"]
+    prompts = [system + hotel_policy.encode(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n") for q in questions]
+    together = backend_of(hotel_policy)
+    batch = together.generate([GenRequest(k, p, 12, seed=k) for k, p in enumerate(prompts)])
+    assert together.counts["prefill"] < sum(map(len, prompts)) - len(system)
+    for k, prompt in enumerate(prompts):
+        alone = backend_of(hotel_policy).generate([GenRequest(k, prompt, 12, seed=k)])[0]
+        assert batch[k].ids == alone.ids
+        assert torch.allclose(torch.tensor(batch[k].logprobs), torch.tensor(alone.logprobs), atol=1e-5)

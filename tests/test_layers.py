@@ -15,26 +15,32 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path, modules: set[str]) -> set[str]:
-    """The toolpolicy modules `path` imports, anywhere in it: `from a import b` is a.b when b is
-    a module, else a; `import a.b` is a.b. Under `if TYPE_CHECKING:` nothing runs, so nothing counts."""
+    """The toolpolicy modules `path` imports, anywhere in it (`import_sites` without the lines)."""
+    return {target for target, _ in import_sites(path, modules)}
+
+
+def import_sites(path: Path, modules: set[str]) -> list[tuple[str, int]]:
+    """(module, line) for each toolpolicy module `path` imports, anywhere in it: `from a import b`
+    is a.b when b is a module, else a; `import a.b` is a.b. Under `if TYPE_CHECKING:` nothing
+    runs, so nothing counts."""
     here = module_name(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     tree = ast.parse(path.read_text())
     skipped = {id(node) for guard in ast.walk(tree) if isinstance(guard, ast.If) and _type_checking(guard.test) for node in ast.walk(guard)}
-    out = set()
+    out = []
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
         if isinstance(node, ast.Import):
-            out |= {alias.name for alias in node.names}
+            out += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:
-                out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
-    return {name for name in out if name in modules and name != here}
+                out.append((f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base, node.lineno))
+    return sorted({(name, line) for name, line in out if name in modules and name != here}, key=lambda site: site[1])
 
 
 def _type_checking(test: ast.expr) -> bool:

@@ -4,6 +4,7 @@ the sampler and the trainer agree on log-probabilities in each precision."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -16,9 +17,12 @@ from toolpolicy.build import load_config
 from toolpolicy.config import ConfigError
 from toolpolicy.envs.calc import CalcEnv
 from toolpolicy.model import ChatChoice, PolicyModel
-from toolpolicy.model.adapters import is_adapter
-from toolpolicy.model.placement import Placement, linear_weights_in
+from toolpolicy.config import HfSection
+from toolpolicy.model.adapters import LoraSettings, attach_lora, is_adapter, store_frozen_in
+from toolpolicy.model.placement import DTYPES, Placement, linear_weights_in
 from toolpolicy.rollout import HFBackend, EpisodeLimits, RolloutEngine
+from toolpolicy.rollout.backends import FoldedHFBackend
+from toolpolicy.rollout.catalog import capabilities_of
 from toolpolicy.trainer.batch import collate, forward_logprobs
 
 from conftest import SMOKE
@@ -252,14 +256,16 @@ def test_the_decoder_and_head_called_alone_run_in_the_compute_dtype() -> None:
 def test_linear_weights_stored_in_bfloat16_give_the_very_logits_of_autocast() -> None:
     """An evaluation stores the linear weights in the compute dtype once (`linear_weights_in`)
     instead of letting autocast cast them at every token: the logits are bit for bit those of
-    autocast, and the tied output head stays float32 for the embedding lookup that shares it."""
+    autocast; the tied output head gets a bfloat16 weight of its own and the embedding lookup
+    keeps reading the float32 one."""
     placement = Placement(device="cpu", dtype="bfloat16")
     cast, stored = PolicyModel.load(CALC_SFT, ChatChoice(), placement), PolicyModel.load(CALC_SFT, ChatChoice(), placement)
     count = linear_weights_in(stored.model, torch.bfloat16)
     proj = stored.model.base_model.layers[0].self_attn.q_proj
     assert proj.weight.dtype == torch.bfloat16 and count >= proj.weight.numel()
     head, embeddings = stored.model.get_output_embeddings(), stored.model.get_input_embeddings()
-    assert head.weight is embeddings.weight and head.weight.dtype == torch.float32
+    assert head.weight is not embeddings.weight and head.weight.dtype == torch.bfloat16 and embeddings.weight.dtype == torch.float32
+    assert torch.equal(head.weight, embeddings.weight.to(torch.bfloat16)) and count >= head.weight.numel()
     ids = torch.tensor([stored.encode("Compute 12*7 with the calculator. Answer: 84")])
     with torch.no_grad():
         assert torch.equal(stored.model(input_ids=ids).logits, cast.model(input_ids=ids).logits)
@@ -285,3 +291,64 @@ def test_a_fresh_adapter_starts_from_the_run_seed(tmp_path: Path) -> None:
     before = torch.random.get_rng_state()
     initial_a(0)
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_a_deep_copy_of_a_placed_model_computes_with_its_own_weights() -> None:
+    """Autocast is set on the model's forward as an object that copies with the model: a deep
+    copy (async RL's sampling copy, FoldedHFBackend's) runs its own weights, not the original's."""
+    policy = PolicyModel.load(CALC_SFT, ChatChoice(), Placement(device="cpu", dtype="bfloat16"))
+    copied = copy.deepcopy(policy.model)
+    ids = torch.tensor([policy.encode("Compute 12*7 with the calculator.")])
+    with torch.no_grad():
+        before = policy.model(input_ids=ids).logits
+        for parameter in copied.parameters():
+            parameter.zero_()
+        assert torch.equal(policy.model(input_ids=ids).logits, before)
+        assert not torch.equal(copied(input_ids=ids).logits, before) and copied(input_ids=ids).logits.dtype == torch.bfloat16
+
+
+def _lora_policy(dtype: str, seed: int) -> PolicyModel:
+    """The shipped calc model with a LoRA adapter whose B matrices are random (a fresh
+    adapter's are zero, which would fold to nothing)."""
+    policy = PolicyModel.load(CALC_SFT, ChatChoice(), Placement(device="cpu", dtype=dtype))
+    policy.model = attach_lora(policy.model, LoraSettings(8, 16, 0.0, ("q_proj", "v_proj", "up_proj", "down_proj")), CALC_SFT)
+    store_frozen_in(policy.model, DTYPES[dtype])
+    _shift_adapter(policy.model, seed)
+    return policy
+
+
+def _shift_adapter(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("bfloat16", 0.05)])
+def test_the_folded_sampler_samples_the_trained_weights_after_each_sync(dtype: str, tolerance: float) -> None:
+    """FoldedHFBackend samples from a copy with the adapter folded in: its log-probabilities
+    agree with the trainer's forward of the LoRA model within the precision's tolerance (the
+    same bounds as the unfolded sampler's), before and after the adapter moves and `sync`
+    loads it; without the sync the copy still samples the old weights. It is declared
+    inexact, so algorithm.correction auto corrects for it."""
+    policy = _lora_policy(dtype, seed=0)
+    env = CalcEnv()
+    backend = FoldedHFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
+    assert backend.model is not policy.model and not backend.capabilities.exact_logprobs
+    assert capabilities_of(HfSection(fold=True)) == backend.capabilities and capabilities_of(HfSection()).exact_logprobs
+
+    def gap() -> float:
+        engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, EpisodeLimits())
+        batch = collate(engine.run(env.tasks("eval", 8, seed=2)), policy.pad_id)
+        with torch.no_grad():
+            recomputed, _ = forward_logprobs(policy.model, batch)
+        mask = batch.loss_mask.bool()
+        assert int(mask.sum()) > 50
+        return float((recomputed[mask] - batch.old_logprobs[mask]).abs().max())
+
+    assert gap() < tolerance
+    _shift_adapter(policy.model, seed=1)
+    assert gap() > tolerance  # the copy still holds the old adapter
+    backend.sync(policy.model)
+    assert gap() < tolerance

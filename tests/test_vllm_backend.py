@@ -340,7 +340,7 @@ def test_a_backend_without_request_seeds_refuses_a_seeded_request_instead_of_dro
     with pytest.raises(ValueError, match="backend vllm takes no seed per request"):
         unseeded([*plain, GenRequest(2, [1], 4, seed=7)], "vllm")
     assert set(BACKENDS) == set(SECTIONS.values())  # every backend the config can name has its row
-    assert {name: BACKENDS[section].sampler.capabilities.request_seeds for name, section in SECTIONS.items()} == {"hf": True, "vllm": False, "server": False}
+    assert {name: BACKENDS[section].sampler(section()).capabilities.request_seeds for name, section in SECTIONS.items()} == {"hf": True, "vllm": False, "server": False}
     from toolpolicy.types import Image
 
     with pytest.raises(ValueError, match="backend server passes no pictures"):

@@ -226,8 +226,16 @@ class HfSection(BackendSettings):
     """The KV cache the sampler holds, half for the batch of turns being sampled (requests are
     batched to fit; a longer one runs alone), half for the episodes kept for their next turn
     (past it, an episode's next turn is prefilled from its full ids: more computation, the same
-    tokens). A position takes 46 KB for SmolLM2-135M, 3 KB for the embedded model. With
-    rl.sampling_streams: batch, the samples depend on how the turns are batched."""
+    tokens). A position takes 46 KB for SmolLM2-135M in float32, 23 KB in bfloat16, 3 KB for the
+    embedded model in float32. With rl.sampling_streams: batch, the samples depend on how the
+    turns are batched."""
+    fold: bool = False
+    """Sample from a copy of the policy with its LoRA adapter folded in and every linear weight
+    in the compute dtype, refreshed after each update (rollout/backends.py: FoldedHFBackend):
+    1.2-1.4x a LoRA policy's rollout speed in bfloat16 (docs/speed.md), for a second copy of the
+    weights; its log-probabilities are then rounded apart from the trainer's, so
+    algorithm.correction auto weighs tokens by truncated importance sampling. False samples
+    from the trained model itself, the trainer's very numbers."""
 
 
 class VllmSection(BackendSettings):

@@ -9,6 +9,7 @@ are tokenized and how the engine is tested without a model.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections import Counter
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import DynamicCache
 
+from toolpolicy.model.adapters import merged, merged_weights
+from toolpolicy.model.placement import compute_dtype, in_compute_dtype, linear_weights_in
 from toolpolicy.model.vision import VisionInput, pixels_for, unsampled_ids, without_ids
 from toolpolicy.rollout.kv_cache import Forward, RowCache, cache_argument, position_bytes
 from toolpolicy.types import Image, Message
@@ -143,7 +146,7 @@ class HFBackend:
         self.temperature = temperature
         self.max_batch = max_batch
         self.cache_bytes = cache_bytes
-        self.position_bytes = position_bytes(model)
+        self.position_bytes = position_bytes(model, compute_dtype(model))
         self.counts: Counter[str] = Counter()
         self._forward = _forward_of(model, vision)
         self._rows: list[RowCache | None] = []  # None: released mid-turn
@@ -300,6 +303,42 @@ class HFBackend:
             if sum(kept.nbytes() for kept in pieces) + piece.nbytes() <= self.cache_bytes // 2:
                 pieces.append(piece)  # else dropped: its rows start over from their ids next turn
         return results
+
+
+class FoldedHFBackend(HFBackend):
+    """HFBackend sampling from a copy of the policy made for sampling (`sampling_copy`): its
+    LoRA adapter folded into the weights (one product a projection instead of three) and
+    every linear weight, the output head's too, stored in the compute dtype (no cast at any
+    decoded token). `sync` loads the trained weights into the copy after each update.
+
+    The copy rounds W + BA once where the trainer computes W x and B(A x) apart, so its
+    log-probabilities are not the trainer's own numbers (`exact_logprobs` is False):
+    algorithm.correction auto then weighs each token by truncated importance sampling, and the
+    `mismatch/*` metrics measure the gap. Costs a second copy of the weights (270 MB for
+    SmolLM2-135M in bfloat16)."""
+
+    capabilities = Capabilities(request_seeds=True, exact_logprobs=False, in_process=True)
+
+    def __init__(self, model: torch.nn.Module, *args, **kwargs) -> None:
+        super().__init__(sampling_copy(model), *args, **kwargs)
+
+    def sync(self, model: torch.nn.Module) -> None:
+        """Load `model`'s current weights, its adapter folded in, into the copy."""
+        self.model.load_state_dict(merged_weights(model))
+        self.forget()
+
+
+def sampling_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` that only samples, computing in its compute dtype: a LoRA adapter
+    folded in (`merged_weights`: one rounding of W + BA, as vLLM takes it) and every linear
+    weight stored in that dtype (`linear_weights_in`)."""
+    dtype = compute_dtype(model)
+    copied = merged(copy.deepcopy(model)).eval()
+    copied.requires_grad_(False)
+    in_compute_dtype(copied, dtype)  # a merged peft model's own forward was not an entry point
+    linear_weights_in(copied, dtype)
+    copied.load_state_dict(merged_weights(model))
+    return copied
 
 
 def _forward_of(model: torch.nn.Module, vision: VisionInput | None = None) -> Forward:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from toolpolicy.config import BackendSettings, ConfigError, HfSection, ModelSection, ServerSection, VllmSection
 from toolpolicy.model import PolicyModel
 from toolpolicy.model.placement import resolve_dtype, resolve_device
-from toolpolicy.rollout.backends import Backend, Capabilities, HFBackend
+from toolpolicy.rollout.backends import Backend, Capabilities, FoldedHFBackend, HFBackend
 from toolpolicy.rollout.vllm_engine import VLLMBackend, VLLMSettings, VLLMUnavailable, adapter_rank, checkpoint_of
 from toolpolicy.rollout.vllm_server import EndpointBackend, RolloutServerError
 
@@ -26,15 +27,21 @@ Build = Callable[[BackendSettings, ModelSection, int, PolicyModel, torch.Generat
 
 @dataclass(frozen=True)
 class BackendKind:
-    """One row: the class that samples (its `capabilities`) and its constructor."""
+    """One row: the class that samples for a section (its `capabilities`) and its constructor."""
 
-    sampler: type
+    sampler: Callable[[Any], type]
     build: Build
 
 
+def hf_sampler(section: HfSection) -> type[HFBackend]:
+    """The model itself samples, or with `fold` a copy of it made for sampling."""
+    return FoldedHFBackend if section.fold else HFBackend
+
+
 def build_hf(section: HfSection, model: ModelSection, threads: int, policy: PolicyModel, generator: torch.Generator, temperature: float) -> Backend:
-    """Sampling from `policy.model` itself with `generator`, its KV cache within `cache_gib`."""
-    return HFBackend(
+    """Sampling from `policy.model` itself (or with `fold`, from a copy made for sampling) with
+    `generator`, its KV cache within `cache_gib`."""
+    return hf_sampler(section)(
         policy.model, policy.stop_ids, policy.pad_id, generator, temperature, cache_bytes=int(section.cache_gib * 2**30),
         vision=policy.vision,
     )
@@ -65,16 +72,16 @@ def build_server(section: ServerSection, model: ModelSection, threads: int, poli
 
 
 BACKENDS: dict[type[BackendSettings], BackendKind] = {
-    HfSection: BackendKind(HFBackend, build_hf),
-    VllmSection: BackendKind(VLLMBackend, build_vllm),
-    ServerSection: BackendKind(EndpointBackend, build_server),
+    HfSection: BackendKind(hf_sampler, build_hf),
+    VllmSection: BackendKind(lambda section: VLLMBackend, build_vllm),
+    ServerSection: BackendKind(lambda section: EndpointBackend, build_server),
 }
 """Every backend section of the config, with what samples for it."""
 
 
 def capabilities_of(section: BackendSettings) -> Capabilities:
     """What the configured backend can do."""
-    return BACKENDS[type(section)].sampler.capabilities
+    return BACKENDS[type(section)].sampler(section).capabilities
 
 
 def build_backend(

@@ -35,14 +35,14 @@ def cache_argument(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(core.forward).parameters else "past_key_values"
 
 
-def position_bytes(model: torch.nn.Module) -> int:
-    """Bytes of KV cache one token position of one row takes in `model`: keys and values of
-    every layer, at float32 size (a bfloat16 cache takes half)."""
+def position_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of KV cache one token position of one row takes in `model` computing in `dtype`:
+    keys and values of every layer."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * 4
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
 
 
 class GrowingLayer(DynamicLayer):
@@ -98,6 +98,18 @@ def left_padded(seqs: list[list[int]], pad_id: int, device: torch.device) -> tup
     return ids.to(device), attention.to(device), offsets.to(device)
 
 
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """How many leading ids every one of several prompts shares, each keeping at least one of
+    its own (the logits of its last id are the ones sampled from); 0 for a single prompt."""
+    if len(prompts) < 2:
+        return 0
+    shortest = min(map(len, prompts))
+    common = 0
+    while common < shortest - 1 and len({p[common] for p in prompts}) == 1:
+        common += 1
+    return common
+
+
 def real_columns(attention: torch.Tensor, width: int) -> torch.Tensor:
     """For each row, the indices of its real columns, right-aligned into [B, width] (width
     at least the most real columns of any row); the padding on the left points at column 0."""
@@ -137,16 +149,35 @@ class RowCache:
         room: int, shown: Sequence[Sequence[Image]] | None = None,
     ) -> RowCache:
         """Run each distinct prompt (its ids and the pictures it `shown`) once, left-padded, then
-        give every row its prompt's cache, with `room` columns to grow into."""
+        give every row its prompt's cache, with `room` columns to grow into. Text prompts that
+        begin alike (one system prompt and tool list, different questions) run their common
+        prefix once and then each its own rest (`shared_prefix`)."""
         shown = shown if shown is not None else [()] * len(prompts)
         distinct: dict[tuple[tuple[int, ...], tuple[bytes, ...]], int] = {}
         source = [distinct.setdefault((tuple(p), tuple(i.png for i in s)), len(distinct)) for p, s in zip(prompts, shown)]
         first = {index: row for row, index in reversed(list(enumerate(source)))}  # distinct prompt -> a row that has it
-        ids, attention, positions = left_padded([list(p) for p, _ in distinct], pad_id, device)  # [U, W] each
+        unique = [list(p) for p, _ in distinct]
+        pictures = [shown[first[u]] for u in range(len(distinct))]
+        common = shared_prefix(unique) if not any(pictures) else 0
+        if common:
+            prefix = unique[0][:common]
+            head = cls.run([prefix], [()], forward, pad_id, device, counts)
+            rows = cls.gather([head], [(0, 0)] * len(unique), list(range(len(unique))), [prefix] * len(unique), max(map(len, unique)) - common)
+            rows.append([p[common:] for p in unique], forward, pad_id, counts)
+        else:
+            rows = cls.run(unique, pictures, forward, pad_id, device, counts)
+        return cls.gather([rows], [(0, row) for row in source], keys, [list(p) for p in prompts], room)
+
+    @classmethod
+    def run(
+        cls, prompts: list[list[int]], shown: Sequence[Sequence[Image]], forward: Forward, pad_id: int, device: torch.device,
+        counts: Counter[str],
+    ) -> RowCache:
+        """A cache of `prompts` (with the pictures each shows) run left-padded from nothing, one row each."""
+        ids, attention, positions = left_padded(prompts, pad_id, device)  # [U, W] each
         counts["prefill"] += int(attention.sum())
-        logits, cache = forward(ids, attention, positions, None, [shown[first[u]] for u in range(len(distinct))])
-        shared = cls(cache, attention, attention.sum(-1), list(range(len(distinct))), [list(p) for p, _ in distinct], logits)
-        return cls.gather([shared], [(0, row) for row in source], keys, [list(p) for p in prompts], room)
+        logits, cache = forward(ids, attention, positions, None, shown)
+        return cls(cache, attention, attention.sum(-1), list(range(len(prompts))), prompts, logits)
 
     @classmethod
     def gather(
