@@ -15,7 +15,6 @@ accuracy minus the previous run's (with `--baseline NAME`: minus that run's; wit
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

@@ -96,7 +96,7 @@ def worker(sharing_name: str, steps: int, batch: Batch, out: Path) -> None:
         micro_batch_tokens=optim.micro_batch_tokens, temperature=1.0, grad_clip=optim.grad_clip,
     )
     recompute = replace(SHARED_PROMPTS, logprobs=sharing.logprobs(SHARED_PROMPTS.logprobs))
-    learner = Learner(model, None, trainable, optimizer, scheduler, algorithm, Correction.named("none", 2.0), recompute, world, 0, settings, sharing)
+    learner = Learner(model, None, trainable, optimizer, scheduler, algorithm, Correction.named("none", tis_cap=2.0), recompute, world, 0, settings, sharing)
     g = torch.Generator().manual_seed(1)
     episodes = []
     for _ in range(batch.groups):

@@ -108,7 +108,7 @@ def updates(sharing_name: str, world: World, lora: bool) -> dict:
     )
     recompute = replace(SHARED_PROMPTS, logprobs=sharing.logprobs(SHARED_PROMPTS.logprobs))
     learner = Learner(
-        model, reference, trainable, optimizer, scheduler, algorithm, Correction.named("tis", 2.0), recompute, world,
+        model, reference, trainable, optimizer, scheduler, algorithm, Correction.named("tis", tis_cap=2.0), recompute, world,
         policy.pad_id, settings, sharing,
     )
     losses, norms = [], []

@@ -12,7 +12,7 @@ pytest.importorskip("agentdojo")
 
 from toolpolicy.build import build_env, load_config  # noqa: E402
 from toolpolicy.config import ConfigError  # noqa: E402
-from toolpolicy.envs.agentdojo.env import AgentDojoEnv, AgentDojoSession  # noqa: E402
+from toolpolicy.envs.agentdojo.env import AgentDojoEnv, AgentDojoOptions, AgentDojoSession  # noqa: E402
 from toolpolicy.envs.agentdojo.package import ATTACKS, attack_text, ground_truth, starting_environment  # noqa: E402
 from toolpolicy.gate import Gate, Policy  # noqa: E402
 from toolpolicy.model import char_codec, make_template  # noqa: E402
@@ -44,7 +44,7 @@ def run(env: AgentDojoEnv, tasks: list[Task], gate: Gate | None) -> list[Episode
 
 
 def test_ground_truth_through_the_engine_scores_utility_with_the_gate_on() -> None:
-    env = AgentDojoEnv("banking")
+    env = AgentDojoEnv(AgentDojoOptions("banking"))
     tasks = env.tasks("train", 4, seed=0)
     gate = Gate(Policy.load(POLICIES / "banking.yaml"), env.tools)
     episodes = run(env, tasks, gate)
@@ -59,7 +59,7 @@ def test_ground_truth_through_the_engine_scores_utility_with_the_gate_on() -> No
 
 
 def test_an_injected_payment_runs_with_the_gate_off_and_is_denied_with_it_on() -> None:
-    env = AgentDojoEnv("banking", "important_instructions")
+    env = AgentDojoEnv(AgentDojoOptions("banking", "important_instructions"))
     task = next(t for t in env.tasks("eval", 1000, seed=0) if t.id == "banking/user_task_1/injection_task_5")
     assert task.info["gate_facts"]["request"] == task.prompt
     gate = Gate(Policy.load(POLICIES / "banking.yaml"), env.tools, enforce=False)
@@ -71,7 +71,7 @@ def test_an_injected_payment_runs_with_the_gate_off_and_is_denied_with_it_on() -
 
 
 def test_splits_share_no_user_task_and_config_names_suite_and_attack() -> None:
-    env = AgentDojoEnv("slack", "direct")
+    env = AgentDojoEnv(AgentDojoOptions("slack", "direct"))
     users = {split: {t.info["user_task"] for t in env.tasks(split, 10_000, seed=0)} for split in ("train", "eval")}
     assert users["train"] and users["eval"] and not users["train"] & users["eval"]
     assert len(users["train"] | users["eval"]) == len(env.suite.user_tasks)
@@ -82,7 +82,7 @@ def test_splits_share_no_user_task_and_config_names_suite_and_attack() -> None:
     with pytest.raises(ConfigError, match="field 'env.attack': Input should be 'none', 'important_instructions'"):
         load_config(None, ["env=agentdojo", "env.attack=manual"])  # a person types each injection
     older = build_env(load_config(None, ["env=agentdojo", "env.suite=workspace", "env.version=v1.1"]).env)
-    assert len(older.suite.injection_tasks) == 6 and len(AgentDojoEnv("workspace").suite.injection_tasks) == 14
+    assert len(older.suite.injection_tasks) == 6 and len(AgentDojoEnv(AgentDojoOptions("workspace")).suite.injection_tasks) == 14
     with pytest.raises(ConfigError, match="field 'env.version': Input should be 'v1', 'v1.1'"):
         load_config(None, ["env=agentdojo", "env.version=v2"])
 
@@ -91,7 +91,7 @@ def test_splits_share_no_user_task_and_config_names_suite_and_attack() -> None:
 def test_every_attack_writes_its_text_without_a_model(attack: str) -> None:
     """The package's own text for each attack, the same in every vector; a *dos attack
     runs one injection task per user task and counts as successful when the task fails."""
-    env = AgentDojoEnv("banking", attack)
+    env = AgentDojoEnv(AgentDojoOptions("banking", attack))
     tasks = env.tasks("eval", 10_000, seed=0)
     dos = attack.endswith("dos")
     assert len(tasks) == len({t.info["user_task"] for t in tasks}) * (1 if dos else len(env.suite.injection_tasks))
@@ -114,7 +114,7 @@ def test_a_tiny_model_runs_episodes_scored_by_the_suite() -> None:
     from toolpolicy.rollout import HFBackend
 
     policy = PolicyModel.load(REPO / "checkpoints" / "hotel-sft")
-    env = AgentDojoEnv("slack", "important_instructions")
+    env = AgentDojoEnv(AgentDojoOptions("slack", "important_instructions"))
     tasks = env.tasks("train", 2, seed=3)
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
     gate = Gate(Policy.load(POLICIES / "slack.yaml"), env.tools)

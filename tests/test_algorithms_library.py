@@ -14,6 +14,8 @@ from toolpolicy.algorithms import (
     POLICY_LOSSES,
     PRESETS,
     Algorithm,
+    SequenceClip,
+    TokenClip,
     aggregate_loss,
     apply_preset,
     broadcast_turns,
@@ -351,7 +353,15 @@ def test_gspo_sequence_ratio_value_clip_and_gradient():
 
 
 def test_policy_losses_table():
-    assert POLICY_LOSSES == {"token": ppo_clip_loss, "sequence": gspo_loss}
+    """Each ratio level is a dataclass of the clip constants, called as its function at them."""
+    assert POLICY_LOSSES == {"token": TokenClip, "sequence": SequenceClip}
+    torch.manual_seed(0)
+    logprobs, old, advantages = -torch.rand(2, 4), -torch.rand(2, 4), torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    for row, function in ((TokenClip, ppo_clip_loss), (SequenceClip, gspo_loss)):
+        loss, stats = row(0.1, 0.3, 1.5)(logprobs, old, advantages, mask)
+        expected, expected_stats = function(logprobs, old, advantages, 0.1, 0.3, loss_mask=mask, dual_clip=1.5)
+        assert torch.equal(loss, expected) and stats == expected_stats, row
 
 
 PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -443,7 +453,7 @@ def test_explicit_knobs_win_over_the_preset():
 
 def test_the_algorithm_objective_wires_loss_kl_and_aggregation_by_hand():
     algorithm = Algorithm.named(
-        "grpo", "token", "k1", "token_mean", clip_low=0.2, clip_high=0.2, dual_clip=None, beta=0.5, norm_length=10
+        "grpo", "token", "k1", "token_mean", clip_low=0.2, clip_high=0.2, dual_clip=None, beta=0.5, loss_norm_length=10
     )
     # Ratio 1 (logprobs == old), A = 2: the surrogate is -2 on both tokens. k1 = lp - ref = [1, -5],
     # times beta 0.5 -> [-1.5, -4.5]. Only token 0 is masked in: token_mean = -1.5 / 1.
@@ -453,7 +463,7 @@ def test_the_algorithm_objective_wires_loss_kl_and_aggregation_by_hand():
                                       torch.tensor([[-1.0, 5.0]]), total_tokens=1.0, total_sequences=1.0)
     assert loss.item() == pytest.approx(-1.5) and stats["kl_sum"] == 1.0 and stats["clip_fraction"] == 0.0
     # beta 0: the KL is measured, not in the loss; no reference: no KL stat at all.
-    no_kl = Algorithm.named("grpo", "token", "k1", "token_mean", clip_low=0.2, clip_high=0.2, dual_clip=None, beta=0.0, norm_length=10)
+    no_kl = Algorithm.named("grpo", "token", "k1", "token_mean", clip_low=0.2, clip_high=0.2, dual_clip=None, beta=0.0, loss_norm_length=10)
     loss, stats = no_kl.objective(zeros, zeros, torch.tensor([2.0]), torch.tensor([[1.0, 0.0]]), torch.tensor([[-1.0, 5.0]]), 1.0, 1.0)
     assert loss.item() == pytest.approx(-2.0) and stats["kl_sum"] == 1.0
     assert "kl_sum" not in no_kl.objective(zeros, zeros, torch.tensor([2.0]), torch.ones(1, 2), None, 2.0, 1.0)[1]

@@ -15,7 +15,7 @@ from toolpolicy.build import load_config
 from toolpolicy.config import ConfigError
 from toolpolicy.envs import make_env
 from toolpolicy.envs.bfcl.single_data import CATEGORY_GROUPS, Entry, data_folder, load_v4, shown_functions
-from toolpolicy.envs.bfcl.single_turn import DROPPED, HELD_OUT_CATEGORIES, TRAIN_CATEGORIES, BfclEnv, entry_task, v4_split
+from toolpolicy.envs.bfcl.single_turn import DROPPED, HELD_OUT_CATEGORIES, TRAIN_CATEGORIES, BfclEnv, BfclOptions, entry_task, v4_split
 from toolpolicy.gate import Gate
 from toolpolicy.model import char_codec, make_template
 from toolpolicy.rewards import Rubric
@@ -241,7 +241,7 @@ def test_archived_answers_are_read_as_possible_answers_that_bfcls_checker_takes(
 
 
 def test_archived_entries_train_through_the_gate_and_engine_and_compose():
-    env = BfclEnv(("live_parallel", "simple_python"), archived=True, composed=20, composed_calls=(2,), enumerated=20, enumerated_calls=(2,))
+    env = BfclEnv(BfclOptions(("live_parallel", "simple_python"), archived=True, composed=20, composed_calls=(2,), enumerated=20, enumerated_calls=(2,)))
     from toolpolicy.envs.bfcl.demonstrator import bfcl_answer
 
     archived = [e for e in env.pools["train"] if e.category.startswith("exec_")]

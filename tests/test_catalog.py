@@ -25,16 +25,30 @@ def test_the_name_tables_are_read_from_the_catalog():
 
 
 def test_each_rows_policy_file_exists_and_each_flat_option_is_an_option_of_its_row():
-    import inspect
-
+    from toolpolicy.checks import declared_options
     from toolpolicy.config import FLAT_DEMONSTRATOR_OPTIONS, FLAT_ENV_OPTIONS
 
     for name, row in BUILT_IN.items():
         assert row.policy_file is None or row.policy_file.is_file(), name
     for name, options in FLAT_ENV_OPTIONS.items():
-        assert set(options) <= set(inspect.signature(BUILT_IN[name].env).parameters), name
+        assert set(options) <= set(declared_options(BUILT_IN[name].env)[0]), name
     for name, options in FLAT_DEMONSTRATOR_OPTIONS.items():
-        assert set(options) <= set(inspect.signature(BUILT_IN[name].demonstrator).parameters), name
+        assert set(options) <= set(declared_options(BUILT_IN[name].demonstrator)[0]), name
+
+
+def test_each_built_in_environment_takes_its_options_in_a_documented_class():
+    """One pattern for the built-ins: a frozen dataclass its constructor takes as `options`,
+    every field documented; `make_env` takes its fields as keywords."""
+    from dataclasses import fields
+
+    from toolpolicy.envs import make_env, options_class
+
+    for name, row in BUILT_IN.items():
+        holder = options_class(row.env)
+        assert holder is not None and holder.__dataclass_params__.frozen, name
+        assert [field.name for field in fields(holder)], name
+    env = make_env("calc", hard_fraction=1.0)
+    assert env.options.hard_fraction == 1.0 and all(t.info["difficulty"] == "hard" for t in env.tasks("train", 8, seed=0))
 
 
 def test_every_option_of_a_built_in_environment_and_demonstrator_says_what_it_does():

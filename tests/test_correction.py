@@ -13,9 +13,9 @@ from toolpolicy.algorithms.correction import Correction, mismatch_sums, truncate
 
 def objective_and_grad(correction: str, trainer: torch.Tensor, sampler: torch.Tensor, advantages: torch.Tensor, mask):
     algorithm = Algorithm.named("grpo", "token", "k3", "token_mean", clip_low=0.2, clip_high=0.28, dual_clip=None,
-                                beta=0.0, norm_length=8.0)
+                                beta=0.0, loss_norm_length=8)
     logprobs = trainer.clone().requires_grad_(True)
-    old, weights = Correction.named(correction, 2.0).old_policy(logprobs, sampler)
+    old, weights = Correction.named(correction, tis_cap=2.0).old_policy(logprobs, sampler)
     loss, _ = algorithm.objective(logprobs, old, advantages, mask, None, float(mask.sum()), 2.0, weights)
     loss.backward()
     return float(loss), logprobs.grad
@@ -66,4 +66,4 @@ def test_mismatch_sums_measure_the_gap_over_masked_tokens() -> None:
 
 def test_an_unknown_correction_names_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="none.*tis"):
-        Correction.named("is", 2.0)
+        Correction.named("is", tis_cap=2.0)

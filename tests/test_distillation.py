@@ -166,7 +166,7 @@ def test_the_full_teacher_loss_is_the_vocabulary_kl_and_its_gradient_by_hand(los
         optimizer = torch.optim.SGD(student.parameters(), lr=0.0)
         learner = Learner(
             student, None, list(student.parameters()), optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
-            algorithm, Correction.named("none", 2.0), FULL_SEQUENCES, World(), 0, settings, distill=distill,
+            algorithm, Correction.named("none", tis_cap=2.0), FULL_SEQUENCES, World(), 0, settings, distill=distill,
         )
         sums, _ = policy_update(learner, batch, torch.zeros(len(trajectories)))
         return sums, {name: p.grad.clone() for name, p in student.named_parameters() if p.grad is not None}

@@ -58,6 +58,17 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "rl" / "final" / "model.safetensors")
 
 
+def assert_trained_alike(one: Path, other: Path) -> None:
+    """The two runs' final weights differ by under 1% of what their 3 steps moved them: float32
+    sums taken in another order or with other threads (AMD EPYC: 0.36% in a Ray run, whose
+    trainer runs one thread). A step more or fewer differs by about a third of the move."""
+    w1, w2 = weights(one), weights(other)
+    start = load_file(CALC_SFT / "model.safetensors")
+    moved = max(float((w1[k] - start[k]).abs().max()) for k in w1)  # what 3 steps changed
+    apart = max(float((w1[k] - w2[k]).abs().max()) for k in w1)  # where the two runs differ
+    assert moved > 1e-4 and apart < moved / 100, (moved, apart)
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("ddp") / "one"
@@ -112,11 +123,7 @@ def test_two_processes_take_the_steps_one_process_takes(one_process: Path, two_p
     assert sorted(p.name for p in two_processes.glob("audit*.jsonl")) == ["audit.jsonl", "audit.rank1.jsonl"]
     for log in two_processes.glob("audit*.jsonl"):
         assert verify(log).ok, log
-    w1, w2 = weights(one_process), weights(two_processes)
-    start = load_file(CALC_SFT / "model.safetensors")
-    moved = max(float((w1[k] - start[k]).abs().max()) for k in w1)  # what 3 steps changed
-    apart = max(float((w1[k] - w2[k]).abs().max()) for k in w1)  # where the two runs differ
-    assert moved > 1e-4 and apart < moved / 100, (moved, apart)
+    assert_trained_alike(one_process, two_processes)
 
 
 def test_two_processes_resume_exactly(two_processes: Path, tmp_path: Path):
@@ -413,8 +420,7 @@ def test_ray_workers_roll_out_what_one_process_does(one_process: Path, two_ray_w
     assert decisions(two_ray_workers) == decisions(one_process)
     for log in two_ray_workers.glob("audit*.jsonl"):
         assert verify(log).ok, log
-    w1, w2 = weights(one_process), weights(two_ray_workers)
-    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-6  # one process trains either way
+    assert_trained_alike(one_process, two_ray_workers)  # one process trains either way
 
 
 def test_ray_workers_resume_exactly(ray_cluster: RayCluster, two_ray_workers: Path, tmp_path: Path):

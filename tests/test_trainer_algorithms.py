@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 import torch
+from annotated_types import Gt
 from safetensors.torch import load_file
 
 from toolpolicy.algorithms import PRESETS
@@ -84,6 +86,36 @@ def test_several_optimizer_steps_per_batch_move_the_ratio_and_the_clip_acts(algo
     assert trained and all(r["optimizer_steps"] == min(2, r["kept_groups"]) * 2 for r in trained), rows
     assert all(r["lr"] == 0.001 for r in rows)
     assert max(r["ratio_max"] for r in trained) > 1.01 and max(r["clip_fraction"] for r in trained) > 0
+
+
+def test_the_variants_constants_are_flat_keys_of_the_algorithm_section_typed_by_their_variants(tmp_path) -> None:
+    """clip_low, tis_cap, loss_norm_length, ...: declared by the variants of the algorithm tables,
+    checked by their declarations, each one's value written into the resolved config."""
+    from dataclasses import fields
+
+    from toolpolicy.algorithms import SequenceClip, TokenClip
+    from toolpolicy.checks import algorithm_options, describe_options
+    from toolpolicy.config import AlgorithmSection, save_config
+
+    options = algorithm_options()
+    assert set(options) == {"clip_low", "clip_high", "dual_clip", "loss_norm_length", "tis_cap"}
+    assert not set(options) & set(AlgorithmSection.model_fields)  # a flat key is a field or a constant, never both
+    assert fields(SequenceClip) == fields(TokenClip)  # the two ratio levels share one declaration of the clip
+    cfg = load_config(SMOKE)
+    assert cfg.algorithm.options == {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None, "loss_norm_length": cfg.rollout.max_tokens, "tis_cap": 2.0}
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml").algorithm.options == cfg.algorithm.options
+    with pytest.raises(ConfigError) as error:
+        load_config(SMOKE, ["algorithm.clip_hgh=0.3", "algorithm.tis_cap=1", "algorithm.loss_norm_length=long"])
+    for problem in (
+        "field 'algorithm.clip_hgh': unknown field; did you mean 'algorithm.clip_high'",
+        "field 'algorithm.tis_cap': Input should be greater than 1 (got 1)",
+        "field 'algorithm.loss_norm_length': Input should be a valid integer",
+    ):
+        assert problem in str(error.value), problem
+    assert "algorithm.tis_cap: float = 2.0  (of tis)" in describe_options()
+    algorithm, _, _ = algorithm_of(load_config(SMOKE, ["algorithm.ratio_level=sequence", "algorithm.dual_clip=3"]).algorithm)
+    assert algorithm.policy_loss == SequenceClip(0.2, 0.28, 3.0)
 
 
 def _trajectory(turn_spans: list[tuple[int, int]], events: list[Event], length: int, truncated: bool = False) -> Trajectory:
@@ -240,3 +272,31 @@ def test_a_new_estimator_is_one_entry_in_its_table(monkeypatch) -> None:
     monkeypatch.setitem(advantages.ESTIMATORS, "centred", estimator)
     algorithm, _, _ = algorithm_of(load_config(SMOKE, ["algorithm.advantage=centred"]).algorithm)
     assert algorithm.estimator is estimator
+
+
+def test_a_new_policy_loss_with_a_constant_of_its_own_is_one_row_in_its_table(monkeypatch) -> None:
+    """A loss with a new constant: a frozen dataclass of it, called as the loss, and a row of
+    POLICY_LOSSES (its annotations resolve in its module, as a dataclass's do). The config then takes the constant as algorithm.NAME, typed and documented by
+    the dataclass, and the trainer builds the loss with it; nothing else changes."""
+    from dataclasses import dataclass
+
+    from toolpolicy.algorithms import losses
+    from toolpolicy.checks import describe_options
+
+    @dataclass(frozen=True)
+    class ScaledClip(losses.TokenClip):
+        scale: Annotated[float, Gt(0)] = 1.0
+        """How much the clipped loss is scaled."""
+
+        def __call__(self, logprobs, old_logprobs, advantages, loss_mask):
+            per_token, stats = super().__call__(logprobs, old_logprobs, advantages, loss_mask)
+            return self.scale * per_token, stats
+
+    with pytest.raises(ConfigError, match="field 'algorithm.scale': unknown field"):
+        load_config(SMOKE, ["algorithm.scale=2"])
+    monkeypatch.setitem(losses.POLICY_LOSSES, "scaled", ScaledClip)
+    algorithm, _, _ = algorithm_of(load_config(SMOKE, ["algorithm.ratio_level=scaled", "algorithm.scale=2"]).algorithm)
+    assert algorithm.policy_loss == ScaledClip(0.2, 0.28, None, 2.0)
+    assert "algorithm.scale: float = 1.0  (of scaled)\n        How much the clipped loss is scaled." in describe_options()
+    with pytest.raises(ConfigError, match=r"field 'algorithm.scale': Input should be greater than 0 \(got -1\)"):
+        load_config(SMOKE, ["algorithm.scale=-1"])

@@ -112,10 +112,7 @@ def _batch(seed: int, rows: int = 4, width: int = 6, spread: float = 0.3):
 def _ours(new, inputs, *, level="token", aggregation, clip_low=0.2, clip_high=0.2, beta=0.0, dual_clip=None,
           norm_length=None, total_tokens=None, total_sequences=None):
     mask = inputs["completion_mask"]
-    per_token, stats = POLICY_LOSSES[level](
-        new, inputs["old_per_token_logps"], inputs["advantages"], clip_low, clip_high,
-        loss_mask=mask, dual_clip=dual_clip,
-    )
+    per_token, stats = POLICY_LOSSES[level](clip_low, clip_high, dual_clip)(new, inputs["old_per_token_logps"], inputs["advantages"], mask)
     if beta:
         per_token = per_token + beta * kl_k3(new, inputs["ref_per_token_logps"])
     total_tokens = float(mask.sum()) if total_tokens is None else total_tokens
@@ -300,7 +297,7 @@ def test_several_steps_per_batch_equal_trl_num_iterations(case):
 
     model = _ParameterLogprobs(old)
     optimizer = _RecordingSGD([model.theta], lr)
-    learner = _learner(model, optimizer, Correction.named("none", 2.0), settings, mini_batches=2, passes=2)
+    learner = _learner(model, optimizer, Correction.named("none", tis_cap=2.0), settings, mini_batches=2, passes=2)
     done = train_on_batch(learner, trajectories, list(range(episodes)), advantages)
     assert len(optimizer.grads) == len(trl_grads) == 4
     for ours, theirs in zip(optimizer.grads, trl_grads):
@@ -343,7 +340,7 @@ def test_tis_over_several_steps_takes_pi_old_before_the_first_step():
     for name in ("none", "tis"):
         model = _ParameterLogprobs(old)
         optimizer = _RecordingSGD([model.theta], 10.0)
-        learner = _learner(model, optimizer, Correction.named(name, 2.0), ["algorithm.preset=dapo"], mini_batches=2, passes=2)
+        learner = _learner(model, optimizer, Correction.named(name, tis_cap=2.0), ["algorithm.preset=dapo"], mini_batches=2, passes=2)
         runs[name] = (train_on_batch(learner, trajectories, list(range(8)), advantages), optimizer.grads)
     (none, none_grads), (tis, tis_grads) = runs["none"], runs["tis"]
     for a, b in zip(none_grads, tis_grads, strict=True):

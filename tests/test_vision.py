@@ -166,14 +166,11 @@ def test_pictures_reach_the_ids_masked_and_the_trainer_agrees_with_the_sampler(v
 def test_a_picture_after_a_cached_turn_goes_into_the_cache_with_its_pixels(vision_policy):
     """The sampler's KV cache continues an episode whose new fragment shows a picture: the second
     turn's log-probs equal a full forward over the whole episode with both pictures."""
-    from toolpolicy.rollout import Trajectory
     from toolpolicy.rollout.backends import GenRequest
-    from toolpolicy.types import Episode
 
     policy = vision_policy
     env = PictureEnv()
     (task,) = env.tasks("train", 1, seed=3)
-    opening = env.initial_messages(task)
     backend = HFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), vision=policy.vision)
     engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, EpisodeLimits())
     start = engine.start(task)

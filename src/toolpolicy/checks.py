@@ -2,28 +2,34 @@
 
 `toolpolicy.config` types each section on its own; `checked` then resolves what the config
 names (environment, user simulator, reward functions; the demonstrator for the commands
-that generate demonstrations) and checks each named
-component's options against its signature, applies the algorithm preset, writes the
-lengths that default to the episode budget into the config, and checks the rules that tie
-sections together, the backend's capabilities among them. `toolpolicy.build.load_config`
+that generate demonstrations) and checks each named component's options against what it
+declares (`declared_options`), applies the algorithm preset, types the algorithm variants'
+constants and writes each one's value, and the lengths that default to the episode budget,
+into the config, and checks the rules that tie sections together, the backend's
+capabilities among them. `toolpolicy.build.load_config`
 runs both, so every command stops on a bad config before it starts work, with one message
 that lists every problem by `section.field`.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
 import inspect
+import textwrap
 import typing
 from collections.abc import Callable
-from typing import Any, get_args
+from dataclasses import MISSING, fields, is_dataclass
+from typing import Any, NamedTuple, get_args
 
 from pydantic import TypeAdapter, ValidationError
 
 from toolpolicy.algorithms import AGGREGATIONS, ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+from toolpolicy.algorithms.correction import CORRECTIONS
 from toolpolicy.algorithms.distill import DIVERGENCES
 from toolpolicy.algorithms.presets import apply_preset
 from toolpolicy.config import AlgorithmSection, Config, ConfigError, DemonstratorSection, EnvSection, RewardsSection, type_name
-from toolpolicy.envs import DEMONSTRATORS, ENVS, Demonstrator, Env, env_factory, takes_user, user_factory
+from toolpolicy.envs import DEMONSTRATORS, ENVS, Demonstrator, Env, env_factory, options_class, takes_user, user_factory
 from toolpolicy.model.placement import resolve_device
 from toolpolicy.registry import DEMONSTRATOR, ExtensionError, is_import_path, resolve_callable
 from toolpolicy.rollout.catalog import capabilities_of
@@ -43,6 +49,7 @@ def checked(cfg: Config, source: str, demonstrations: bool = True) -> Config:
     (`demonstrations`: sft and demo; evaluation and RL never call a demonstrator)."""
     problems: list[str] = []
     cfg = _with_preset(cfg, problems)
+    cfg = _with_algorithm_options(cfg, problems)
     cfg = _with_lengths(cfg)
     problems += [
         *_env_problems(cfg), *(_demonstrator_problems(cfg) if demonstrations else []), *_reward_problems(cfg),
@@ -53,25 +60,76 @@ def checked(cfg: Config, source: str, demonstrations: bool = True) -> Config:
     return cfg
 
 
-def options_of(factory: Callable, given: dict[str, Any], section: str, passed: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
-    """`given` checked against the keyword parameters of `factory` (a class: its constructor),
-    other than the `passed` ones the caller supplies: each value typed by its annotation. The
-    typed options, and a problem line per unknown or mistyped one."""
+class Option(NamedTuple):
+    """One option a component declares."""
+
+    annotation: Any
+    """Its type, which a config's value is validated by."""
+    default: Any
+    """Its value when the config sets none."""
+    doc: str
+    """What it does, on one line."""
+
+
+def declared_options(factory: Callable, passed: tuple[str, ...] = ()) -> tuple[dict[str, Option], bool]:
+    """The options `factory` declares, and whether it takes any other keyword too (`**kwargs`).
+    A frozen dataclass declares its fields, each documented by the docstring under it: an
+    algorithm variant (its constants) or the options class of a built-in environment (the type
+    of its constructor's `options` parameter). Any other callable declares its keyword
+    parameters but the `passed` ones, documented in the `Args:` section of its docstring (a
+    class: of the class): a plug-in environment, a demonstrator."""
+    holder = factory if is_dataclass(factory) else options_class(factory)
+    if holder is not None:
+        hints, docs = typing.get_type_hints(holder, include_extras=True), attribute_docs(holder)
+        defaults = {field.name: field.default if field.default is not MISSING else field.default_factory() for field in fields(holder)}
+        return {name: Option(hints[name], default, docs.get(name, "")) for name, default in defaults.items()}, False
     parameters, hints = _parameters(factory)
-    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    known = [name for name, p in parameters.items() if name not in passed and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    _, described = parse_docstring(factory.__doc__ or "")
+    keywords = {
+        name: Option(hints.get(name, Any), p.default, described.get(name, "")) for name, p in parameters.items()
+        if name not in passed and p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    return keywords, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """The docstring under each annotated attribute of `cls` and of its bases (the nearest one
+    wins), on one line: how pydantic's use_attribute_docstrings reads a section's."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+        except (OSError, TypeError, IndexError, AttributeError):  # no source to read (a built-in, a class made at run time)
+            continue
+        for node, after in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def options_of(factory: Callable, given: dict[str, Any], section: str, passed: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """`given` checked against the options `factory` declares (`declared_options`), other than
+    the `passed` ones the caller supplies: each value typed by its annotation. The typed
+    options, and a problem line per unknown or mistyped one."""
+    declared, open_ended = declared_options(factory, passed)
     typed: dict[str, Any] = {}
     problems = []
     for name, value in given.items():
-        if name not in known and not open_ended:
-            takes = f"its options: {', '.join(known)}" if known else "it takes no options"
+        if name not in declared and not open_ended:
+            takes = f"its options: {', '.join(declared)}" if declared else "it takes no options"
             problems.append(f"field '{section}.{name}': {_shown(factory)} takes no option {name!r} ({takes})")
             continue
-        try:
-            typed[name] = TypeAdapter(hints.get(name, Any)).validate_python(value)
-        except ValidationError as error:
-            problems.append(f"field '{section}.{name}': {error.errors()[0]['msg']} (got {value!r})")
+        _typed_into(typed, section, name, declared[name].annotation if name in declared else Any, value, problems)
     return typed, problems
+
+
+def _typed_into(typed: dict[str, Any], section: str, name: str, annotation: Any, value: Any, problems: list[str]) -> None:
+    """typed[name] = `value` validated by `annotation`, else a problem line naming `section.name`."""
+    try:
+        typed[name] = TypeAdapter(annotation).validate_python(value)
+    except ValidationError as error:
+        problems.append(f"field '{section}.{name}': {error.errors()[0]['msg']} (got {value!r})")
 
 
 def env_options(env: EnvSection) -> dict[str, Any]:
@@ -139,36 +197,51 @@ def check_processes(cfg: Config, processes: int, phase: str = "rl") -> None:
 
 
 def describe_options() -> str:
-    """The options of each built-in environment and demonstrator, for `toolpolicy config`."""
+    """The options of each built-in environment and demonstrator, and the functions the
+    algorithm's fields name with their variants' constants, for `toolpolicy config`."""
     lines = ["[env] options of the built-in environments (beside env.name, as env.OPTION):"]
     lines += _option_lines(ENVS, ENV_ARGUMENTS)
     lines += ["", "[demonstrator] options of the built-in demonstrators (beside demonstrator.name):"]
     lines += _option_lines(DEMONSTRATORS, DEMONSTRATOR_ARGUMENTS)
-    lines += ["", "[algorithm] the functions its fields name:"]
-    lines += [f"  algorithm.{field}: {' | '.join(table)}" for field, table in ALGORITHM_TABLES.items()]
+    lines += ["", "[algorithm] the functions its fields name, and their constants (as algorithm.OPTION):"]
+    for field, table in ALGORITHM_TABLES.items():
+        lines.append(f"  algorithm.{field}: {' | '.join(table)}")
+        lines += [
+            f"    algorithm.{option}: {type_name(spec.annotation)} = {spec.default!r}  (of {', '.join(takers)})\n        {spec.doc}"
+            for option, (spec, takers) in variant_options(table).items()
+        ]
     return "\n".join(lines)
 
 
 def option_docs(factory: Callable, passed: tuple[str, ...]) -> dict[str, str]:
-    """Each option of `factory` (its keyword parameters but the `passed` ones) and what it
-    does, from the `Args:` section of its docstring (a class: of the class); "" where none says."""
-    parameters, _ = _parameters(factory)
-    _, described = parse_docstring(factory.__doc__ or "")
-    return {
-        option: described.get(option, "") for option, p in parameters.items()
-        if option not in passed and p.kind is not inspect.Parameter.VAR_KEYWORD
-    }
+    """Each option `factory` declares (`declared_options`) and what it does; "" where nothing says."""
+    return {name: option.doc for name, option in declared_options(factory, passed)[0].items()}
+
+
+def variant_options(table: dict[str, Any]) -> dict[str, tuple[Option, list[str]]]:
+    """The constants the variants of an algorithm table declare (the dataclass rows' fields),
+    each with the names of the variants that declare it (which share its declaration)."""
+    found: dict[str, tuple[Option, list[str]]] = {}
+    for variant, row in table.items():
+        for name, option in (declared_options(row)[0] if is_dataclass(row) else {}).items():
+            found.setdefault(name, (option, []))[1].append(variant)
+    return found
+
+
+def algorithm_options() -> dict[str, Option]:
+    """Every constant a variant of ALGORITHM_TABLES declares, by its name: the options the
+    `algorithm` section takes beside its own fields."""
+    return {name: option for table in ALGORITHM_TABLES.values() for name, (option, _) in variant_options(table).items()}
 
 
 def _option_lines(table: dict[str, Callable], passed: tuple[str, ...]) -> list[str]:
     lines = []
     for name, factory in table.items():
-        parameters, hints = _parameters(factory)
-        docs = option_docs(factory, passed)
-        lines.append(f"  {name}:{'' if docs else ' no options'}")
+        declared, _ = declared_options(factory, passed)
+        lines.append(f"  {name}:{'' if declared else ' no options'}")
         lines += [
-            f"    {option}: {type_name(hints.get(option, Any))} = {_default_shown(parameters[option].default)}\n        {doc}"
-            for option, doc in docs.items()
+            f"    {option}: {type_name(spec.annotation)} = {_default_shown(spec.default)}\n        {spec.doc}"
+            for option, spec in declared.items()
         ]
     return lines
 
@@ -223,6 +296,21 @@ def _with_preset(cfg: Config, problems: list[str]) -> Config:
     })
 
 
+def _with_algorithm_options(cfg: Config, problems: list[str]) -> Config:
+    """The `algorithm` section with every variant's constant typed, its default written in
+    where the config sets none, so the resolved config holds the value of each."""
+    declared = algorithm_options()
+    typed = {name: option.default for name, option in declared.items()}
+    for name, value in cfg.algorithm.options.items():
+        if name in declared:
+            _typed_into(typed, "algorithm", name, declared[name].annotation, value, problems)
+            continue
+        close = difflib.get_close_matches(name, [*AlgorithmSection.model_fields, *declared], n=3)
+        hint = f"; did you mean {' or '.join(repr(f'algorithm.{c}') for c in close)}?" if close else " (see `toolpolicy config` for the list)"
+        problems.append(f"field 'algorithm.{name}': unknown field{hint}")
+    return cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update=typed)})
+
+
 def _with_lengths(cfg: Config) -> Config:
     """Dr.GRPO's length constant and DAPO's L_max written in as the episode budget where unset,
     so each field holds its own value in the resolved config."""
@@ -272,16 +360,17 @@ def _demonstrator_problems(cfg: Config) -> list[str]:
 
 ALGORITHM_TABLES: dict[str, dict[str, Any]] = {
     "advantage": ESTIMATORS, "ratio_level": POLICY_LOSSES, "kl_estimator": KL_ESTIMATORS, "aggregation": AGGREGATIONS,
+    "correction": CORRECTIONS,
 }
-"""The algorithm fields that name a function, and the table each is looked up in (adding a
-function to its table is all a new variant needs)."""
+"""The algorithm fields that name a variant, and the table each is looked up in (adding a
+variant, with the constants it declares, to its table is all a new one needs)."""
 
 
 def _algorithm_problems(cfg: Config) -> list[str]:
     problems = []
     for field, table in ALGORITHM_TABLES.items():
         name = getattr(cfg.algorithm, field)
-        if name not in table:
+        if name not in table and (field, name) != ("correction", "auto"):  # auto: the backend's capabilities pick one
             problems.append(f"field 'algorithm.{field}': unknown {name!r}; one of {', '.join(table)}")
     return problems
 

@@ -17,9 +17,10 @@
 
 A YAML file holds `section: {field: value}`; `--set section.field=value` overrides one field
 (`--set env=hotel`, `backend=vllm` and `demonstrator=NAME` set the section's name). `env` and
-`demonstrator` take the named component's own keyword options beside `name`, checked against
-its signature when the config is loaded (`toolpolicy.checks`); `backend` takes only the
-chosen backend's fields. An unknown or mistyped field is an error naming the file, the
+`demonstrator` take the named component's own options beside `name`, and `algorithm` the
+constants its variants declare (clip_low, tis_cap, ...) beside its own fields, each checked
+against what the component declares when the config is loaded (`toolpolicy.checks`);
+`backend` takes only the chosen backend's fields. An unknown or mistyped field is an error naming the file, the
 section and the field. Every field has a docstring, which `toolpolicy config` prints.
 
 This module only parses and types: names (environments, rewards, users, demonstrators)
@@ -37,6 +38,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
+from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
@@ -50,15 +52,20 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True, protected_namespaces=())
 
 
-class NamedSection(Section):
-    """A section that names a component and passes it its own keyword options (the extra fields)."""
+class OptionsSection(Section):
+    """A section whose fields beyond its own are options of the components it chooses, each
+    declared, typed and documented by its component and checked against it on load (toolpolicy.checks)."""
 
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True, frozen=True, protected_namespaces=())
 
     @property
     def options(self) -> dict[str, Any]:
-        """The component's own options: every field of the section that is not the section's own."""
+        """The components' own options: every field of the section that is not the section's own."""
         return dict(self.model_extra or {})
+
+
+class NamedSection(OptionsSection):
+    """A section that names a component and passes it its own options (the extra fields)."""
 
 
 class RunSection(Section):
@@ -373,7 +380,11 @@ class RLSection(Section):
     advantages, rewards, events) for `toolpolicy rollouts` and the report's viewer."""
 
 
-class AlgorithmSection(Section):
+class AlgorithmSection(OptionsSection):
+    """Beside these fields, the constants the chosen variants declare (algorithm.clip_low,
+    clip_high, dual_clip, loss_norm_length, tis_cap: `toolpolicy config` lists them): every
+    variant's, each written into the resolved config with its value."""
+
     preset: str = ""
     """A preset from the literature (grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, gdpo, gtpo,
     otc; see toolpolicy.algorithms.presets): it sets the fields of this section (and of
@@ -402,12 +413,6 @@ class AlgorithmSection(Section):
     ratio_level: str = "token"
     """Importance ratio per token (PPO-clip) or per sequence, length-normalised (GSPO): a key of
     toolpolicy.algorithms.POLICY_LOSSES."""
-    clip_low: float = Field(0.2, ge=0)
-    """PPO clip below 1 (ratio >= 1 - clip_low)."""
-    clip_high: float = Field(0.28, ge=0)
-    """PPO clip above 1 (ratio <= 1 + clip_high); above clip_low is DAPO's clip-higher."""
-    dual_clip: float | None = Field(None, gt=1)
-    """Dual-clip constant c > 1: for negative advantages the loss is capped at -c * A; None is off."""
     beta: float = Field(0.0, ge=0)
     """Weight of the KL penalty to the initial policy; 0 turns the penalty off."""
     kl_estimator: str = "k3"
@@ -420,15 +425,10 @@ class AlgorithmSection(Section):
     importance sampling); none uses the sampler's log-probs as pi_old; auto is none for a backend
     whose log-probs are the trainer's own numbers (hf) and tis for the others. The mismatch is
     logged either way."""
-    tis_cap: float = Field(2.0, gt=1)
-    """correction=tis: the largest importance weight a token gets."""
     aggregation: str = "token_mean"
     """How per-token losses become one number, a key of toolpolicy.algorithms.AGGREGATIONS: DAPO
     token-mean, GRPO sequence-mean (seq_mean_token_mean), or Dr.GRPO's per-sequence sum over a
     constant length (seq_mean_token_sum_norm, over loss_norm_length)."""
-    loss_norm_length: int | None = Field(None, ge=1)
-    """The constant length of Dr.GRPO's aggregation (seq_mean_token_sum_norm); None:
-    rollout.max_tokens, written into the resolved config."""
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (they carry no gradient), as DAPO."""
     max_refill_rounds: int = Field(0, ge=0)
@@ -867,10 +867,12 @@ def migrate(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def type_name(annotation: Any) -> str:
-    """`tuple[Literal["a", "b"], ...]` -> "list of a | b"; else the annotation's name."""
+    """`tuple[Literal["a", "b"], ...]` -> "list of a | b"; `Optional[int]` -> "int | None"; else the annotation's name."""
     args = get_args(annotation)
     if get_origin(annotation) is Literal:
         return " | ".join(map(str, args))
+    if get_origin(annotation) in (Union, UnionType):
+        return " | ".join("None" if arg is type(None) else type_name(arg) for arg in args)
     if get_origin(annotation) is Annotated:
         return type_name(args[0])
     if get_origin(annotation) in (tuple, list) and args:
@@ -880,7 +882,8 @@ def type_name(annotation: Any) -> str:
 
 def describe_fields() -> str:
     """Every section's fields with type, default and docstring: the config reference (the
-    options of environments and demonstrators are listed by `toolpolicy.checks.describe_options`)."""
+    options of environments, demonstrators and algorithm variants are listed by
+    `toolpolicy.checks.describe_options`)."""
     lines = []
     for section, field in Config.model_fields.items():
         lines.append(f"[{section}]  {field.description}")

@@ -8,19 +8,22 @@ as pi_old then biases the update. Truncated importance sampling (TIS; Yao et al.
 slime) takes pi_old from the trainer and weighs each token's policy-gradient term by
 min(pi_trainer / pi_sampler, cap). When both agree the weights are 1 and it is a no-op.
 
-`Correction.named` picks, from the `rollout_correction` name, the function that gives,
-from the trainer's and the sampler's log-probs of the sampled tokens, pi_old and the
-per-token weights (None: unweighted). All functions are pure: tensors in, tensors out.
+`Correction.named` picks, from the config's `correction` name, the row of CORRECTIONS that
+gives, from the trainer's and the sampler's log-probs of the sampled tokens, pi_old and the
+per-token weights (None: unweighted); `Tis` is a dataclass of its cap, called as the function
+(toolpolicy.algorithms.variants). All functions are pure: tensors in, tensors out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from toolpolicy.algorithms.variants import AboveOne, configured
 
 OldPolicy = Callable[[Tensor, Tensor], tuple[Tensor, Tensor | None]]
 """(trainer log-probs [b, T], sampler log-probs [b, T]) -> (pi_old log-probs, weights or None)."""
@@ -42,6 +45,23 @@ def tis_old_policy(trainer_logprobs: Tensor, sampler_logprobs: Tensor, cap: floa
 
 
 @dataclass(frozen=True)
+class Tis:
+    """The correction "tis": `tis_old_policy` at its cap."""
+
+    tis_cap: AboveOne = 2.0
+    """correction=tis: the largest importance weight a token gets (whatever the correction,
+    the tokens past it are counted as mismatch/truncated)."""
+
+    def __call__(self, trainer_logprobs: Tensor, sampler_logprobs: Tensor) -> tuple[Tensor, Tensor]:
+        return tis_old_policy(trainer_logprobs, sampler_logprobs, self.tis_cap)
+
+
+CORRECTIONS: dict[str, OldPolicy | type[Tis]] = {"none": sampler_old_policy, "tis": Tis}
+"""Rollout corrections by config name (`correction`; the config's `auto` is resolved first, from
+what the backend declares): an OldPolicy, or a dataclass of its constants called as one."""
+
+
+@dataclass(frozen=True)
 class Correction:
     """A rollout correction, chosen once from the config's name."""
 
@@ -53,13 +73,13 @@ class Correction:
     several optimizer steps must take them before the first one moves the weights)."""
 
     @staticmethod
-    def named(name: str, cap: float) -> Correction:
-        """"none" or "tis" (ValueError names the valid ones)."""
-        table: dict[str, tuple[OldPolicy, bool]] = {"none": (sampler_old_policy, False), "tis": (partial(tis_old_policy, cap=cap), True)}
-        if name not in table:
-            raise ValueError(f"unknown rollout correction {name!r}; valid names: {sorted(table)}")
-        policy, uses_trainer = table[name]
-        return Correction(policy, cap, uses_trainer)
+    def named(name: str, **constants: Any) -> Correction:
+        """A row of CORRECTIONS (ValueError names the valid ones), built from the `constants`
+        it declares as `Algorithm.named` builds its parts; every one but "none" takes pi_old
+        from the trainer. The cap is TIS's whatever the correction."""
+        if name not in CORRECTIONS:
+            raise ValueError(f"unknown rollout correction {name!r}; valid names: {sorted(CORRECTIONS)}")
+        return Correction(configured(CORRECTIONS[name], constants), configured(Tis, constants).tis_cap, name != "none")
 
 
 def mismatch_sums(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, cap: float) -> dict[str, float]:

@@ -2,17 +2,22 @@
 
 Every function is pure: tensors in, tensors (plus detached float stats) out. The trainer
 recomputes `logprobs` under the current policy with `token_logprobs`, then wires
-POLICY_LOSSES[ratio_level] -> (+ beta * KL_ESTIMATORS[kl_estimator]) -> aggregate_loss.
+POLICY_LOSSES[ratio_level] -> (+ beta * KL_ESTIMATORS[kl_estimator]) -> AGGREGATIONS[aggregation].
 Tables, picked once when the config is read: POLICY_LOSSES ("token": PPO-clip, "sequence":
-GSPO), AGGREGATIONS, KL_ESTIMATORS.
+GSPO), AGGREGATIONS, KL_ESTIMATORS. A variant with constants the config sets is a frozen
+dataclass of them, called as its function (toolpolicy.algorithms.variants): TokenClip and
+SequenceClip hold the clip bounds, SeqMeanTokenSumNorm Dr. GRPO's length.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
+
+from toolpolicy.algorithms.variants import AboveOne, Length, NonNegative, configured
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -150,19 +155,49 @@ def gspo_loss(
     return clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip=dual_clip, loss_mask=loss_mask)
 
 
-PolicyLoss = Callable[..., tuple[Tensor, dict[str, float]]]
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, float]]]
+"""(logprobs [B, T], old_logprobs [B, T], advantages [B] or [B, T], loss_mask [B, T]) -> per-token loss [B, T], stats."""
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {
-    "token": ppo_clip_loss,
-    "sequence": gspo_loss,
+
+@dataclass(frozen=True)
+class TokenClip:
+    """The ratio level "token": PPO-clip on each token's own ratio (`ppo_clip_loss`), with the
+    clipped surrogate's constants, which the level "sequence" shares."""
+
+    clip_low: NonNegative = 0.2
+    """PPO clip below 1 (ratio >= 1 - clip_low)."""
+    clip_high: NonNegative = 0.28
+    """PPO clip above 1 (ratio <= 1 + clip_high); above clip_low is DAPO's clip-higher."""
+    dual_clip: AboveOne | None = None
+    """Dual-clip constant c > 1: for negative advantages the loss is capped at -c * A; None is off."""
+    loss: ClassVar[Callable[..., tuple[Tensor, dict[str, float]]]] = staticmethod(ppo_clip_loss)
+    """The loss this level computes at these constants."""
+
+    def __call__(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
+        return self.loss(
+            logprobs, old_logprobs, advantages, self.clip_low, self.clip_high, loss_mask=loss_mask, dual_clip=self.dual_clip
+        )  # [B, T], stats
+
+
+@dataclass(frozen=True)
+class SequenceClip(TokenClip):
+    """The ratio level "sequence": GSPO's length-normalised sequence ratio (`gspo_loss`), with
+    the constants of "token" (GSPO's own 3e-4 / 4e-4 come with the gspo preset)."""
+
+    loss: ClassVar[Callable[..., tuple[Tensor, dict[str, float]]]] = staticmethod(gspo_loss)
+
+
+POLICY_LOSSES: dict[str, type[TokenClip]] = {
+    "token": TokenClip,
+    "sequence": SequenceClip,
 }
-"""Importance-ratio level by config name (`ratio_level`): token-level PPO-clip or GSPO's sequence level.
-Both take (logprobs, old_logprobs, advantages, clip_low, clip_high, *, loss_mask, dual_clip)."""
+"""Importance-ratio level by config name (`ratio_level`): token-level PPO-clip or GSPO's sequence
+level, each a dataclass of its constants called as a PolicyLoss."""
 
 
-def token_mean(
-    per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float, norm_length: float | None = None
-) -> Tensor:
+def token_mean(per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float) -> Tensor:
     """Sum of masked token losses / total masked tokens in the whole batch.
 
     DAPO's token-level policy gradient loss (arXiv 2503.14476, section 3.3): every token
@@ -172,9 +207,7 @@ def token_mean(
     return (per_token * mask).sum() / total_tokens  # []
 
 
-def seq_mean_token_mean(
-    per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float, norm_length: float | None = None
-) -> Tensor:
+def seq_mean_token_mean(per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float) -> Tensor:
     """Mean over each sequence's masked tokens, summed over sequences / total sequences in the batch.
 
     The original GRPO objective (arXiv 2402.03300, eq. 3): (1/G) sum_i (1/|o_i|) sum_t.
@@ -204,14 +237,28 @@ def seq_mean_token_sum_norm(
     return (per_token * mask).sum() / (total_sequences * length)  # []
 
 
-Aggregation = Callable[..., Tensor]
-"""(per_token [B, T], loss_mask [B, T], total_tokens, total_sequences, norm_length=None) -> []"""
+Aggregation = Callable[[Tensor, Tensor, float, float], Tensor]
+"""(per_token [B, T], loss_mask [B, T], total_tokens, total_sequences) -> []"""
 
-AGGREGATIONS: dict[str, Aggregation] = {
+
+@dataclass(frozen=True)
+class SeqMeanTokenSumNorm:
+    """The aggregation "seq_mean_token_sum_norm": Dr. GRPO's (`seq_mean_token_sum_norm`) over its constant length."""
+
+    loss_norm_length: Length | None = None
+    """The constant length of Dr.GRPO's aggregation (seq_mean_token_sum_norm); None:
+    rollout.max_tokens, written into the resolved config."""
+
+    def __call__(self, per_token: Tensor, loss_mask: Tensor, total_tokens: float, total_sequences: float) -> Tensor:
+        return seq_mean_token_sum_norm(per_token, loss_mask, total_tokens, total_sequences, self.loss_norm_length)
+
+
+AGGREGATIONS: dict[str, Aggregation | type[SeqMeanTokenSumNorm]] = {
     "token_mean": token_mean,
     "seq_mean_token_mean": seq_mean_token_mean,
-    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+    "seq_mean_token_sum_norm": SeqMeanTokenSumNorm,
 }
+"""Token aggregation by config name (`aggregation`): an Aggregation, or a dataclass of its constants called as one."""
 
 
 def aggregate_loss(
@@ -231,10 +278,10 @@ def aggregate_loss(
     "seq_mean_token_mean" (GRPO, arXiv 2402.03300), "seq_mean_token_sum_norm" (Dr. GRPO,
     arXiv 2503.20783; pass `norm_length`, the generation budget).
     """
-    aggregation = AGGREGATIONS.get(mode)
-    if aggregation is None:
+    if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; valid modes: {sorted(AGGREGATIONS)}")
-    return aggregation(per_token, loss_mask, total_tokens, total_sequences, norm_length)  # []
+    aggregation = configured(AGGREGATIONS[mode], {"loss_norm_length": norm_length})
+    return aggregation(per_token, loss_mask, total_tokens, total_sequences)  # []
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:

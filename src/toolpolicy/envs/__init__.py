@@ -4,9 +4,16 @@
 demonstrators, both read from the one table of built-ins, `toolpolicy.envs.catalog`
 (each also declared as an entry point in pyproject.toml); `USERS` the built-in user
 simulators. A config may name its own by import path (see toolpolicy.registry).
+
+A built-in environment's options are a frozen dataclass beside its class (CalcOptions: each
+field typed and documented by the docstring under it), which its constructor takes as
+`options`; a plug-in may take its options as keyword parameters instead. `make_env` takes
+them as keywords either way.
 """
 
+import dataclasses
 import inspect
+import typing
 from collections.abc import Callable
 
 from toolpolicy.envs.base import Env, as_env
@@ -42,13 +49,32 @@ def takes_user(factory: Callable[..., Env]) -> bool:
         return False
 
 
+def options_class(factory: Callable) -> type | None:
+    """The dataclass of a factory's options: the type of its `options` parameter (a built-in
+    environment's, e.g. CalcOptions); None for one that takes its options as keywords."""
+    try:
+        if "options" not in inspect.signature(factory).parameters:
+            return None
+        hint = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory).get("options")
+    except Exception:  # no signature to read, or an annotation that does not resolve
+        return None
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
 def make_env(name: str, **options: object) -> Env:
-    """A fresh environment `name`, with `options` (e.g. user=) passed to its factory (one
-    written without the `Env` base is adopted, `as_env`)."""
-    return as_env(env_factory(name)(**options))
+    """A fresh environment `name` with `options` (e.g. composed=40; user= for one that takes a
+    user simulator): an environment with an options class gets them in it (one written
+    without the `Env` base is adopted, `as_env`)."""
+    factory = env_factory(name)
+    holder = options_class(factory)
+    if holder is not None:  # its options in their class, the rest (user=) beside them
+        names = {field.name for field in dataclasses.fields(holder)}
+        own = {key: value for key, value in options.items() if key in names}
+        options = {key: value for key, value in options.items() if key not in names} | {"options": holder(**own)}
+    return as_env(factory(**options))
 
 
 __all__ = [
     "DEMONSTRATORS", "ENVS", "USERS", "BfclEnv", "BfclMultiTurnEnv", "CalcEnv", "Demonstrator", "Env", "HotelEnv", "ZoomEnv",
-    "as_env", "env_factory", "make_env", "takes_user", "user_factory",
+    "as_env", "env_factory", "make_env", "options_class", "takes_user", "user_factory",
 ]

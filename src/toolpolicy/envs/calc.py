@@ -48,13 +48,17 @@ def _hard(rng: random.Random) -> tuple[str, int]:
     return f"{a} + {b} + {c}", a + b + c
 
 
-class CalcEnv(Env):
-    """Arithmetic with a calculator tool; see the module docstring.
+@dataclass(frozen=True)
+class CalcOptions:
+    """calc's options (env.OPTION in a config)."""
 
-    Args:
-        hard_fraction: the share of tasks that are hard (multi-digit products and sums the
-            model must compute with the calculator); the others are one-digit sums.
-    """
+    hard_fraction: float = 0.5
+    """The share of tasks that are hard (multi-digit products and sums the model must compute
+    with the calculator); the others are one-digit sums."""
+
+
+class CalcEnv(Env):
+    """Arithmetic with a calculator tool; see the module docstring."""
 
     name = "calc"
     system_prompt = SYSTEM_PROMPT
@@ -67,15 +71,15 @@ class CalcEnv(Env):
         "answer_format": 0.0,
     }
 
-    def __init__(self, hard_fraction: float = 0.5) -> None:
+    def __init__(self, options: CalcOptions = CalcOptions()) -> None:
         self.tools = ToolSet([calculator])
-        self.hard_fraction = hard_fraction
+        self.options = options
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         rng = random.Random(f"calc/{split}/{seed}")
         out = []
         for i in range(n):
-            difficulty = "hard" if rng.random() < self.hard_fraction else "easy"
+            difficulty = "hard" if rng.random() < self.options.hard_fraction else "easy"
             expression, value = (_hard if difficulty == "hard" else _easy)(rng)
             out.append(
                 Task(

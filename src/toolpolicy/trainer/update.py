@@ -48,11 +48,10 @@ MISMATCH_SUMS = ("abs", "kl", "truncated")
 
 
 def algorithm_of(section: AlgorithmSection) -> tuple[Algorithm, Credit, tuple[EpisodeFilter, ...]]:
-    """The objective, the credit and the episode filters the algorithm section names, chosen once."""
-    assert section.loss_norm_length is not None, "checks.checked writes loss_norm_length"
+    """The objective, the credit and the episode filters the algorithm section names, chosen once
+    (each part given the constants it declares among the section's options)."""
     algorithm = Algorithm.named(
-        section.advantage, section.ratio_level, section.kl_estimator, section.aggregation, clip_low=section.clip_low,
-        clip_high=section.clip_high, dual_clip=section.dual_clip, beta=section.beta, norm_length=section.loss_norm_length,
+        section.advantage, section.ratio_level, section.kl_estimator, section.aggregation, section.beta, **section.options
     )
     credit = TurnCredit(section.turn_rewards, section.turn_gamma) if section.credit == "turn" else OutcomeCredit(algorithm.estimator)
     filters = tuple(keep for keep, on in ((not_truncated, section.mask_truncated), (no_void_turn, section.void_turn_filter)) if on)
@@ -63,7 +62,7 @@ def correction_of(algorithm: AlgorithmSection, backend: Capabilities) -> Correct
     """algorithm.correction, with auto resolved by what the backend declares: none when its
     log-probs are the trainer's own numbers, else TIS."""
     name = algorithm.correction if algorithm.correction != "auto" else ("none" if backend.exact_logprobs else "tis")
-    return Correction.named(name, algorithm.tis_cap)
+    return Correction.named(name, **algorithm.options)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ Tasks are split by user task: even positions of the suite's list are `train`, od
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from toolpolicy.envs.agentdojo.facts import opening_facts
@@ -95,25 +96,31 @@ class AgentDojoSession(Session):
         }
 
 
-class AgentDojoEnv(Env):
-    """An AgentDojo suite under an attack; see the module docstring.
+@dataclass(frozen=True)
+class AgentDojoOptions:
+    """agentdojo's options (env.OPTION in a config)."""
 
-    Args:
-        suite: the AgentDojo suite whose user tasks are the tasks (workspace, travel, banking, slack).
-        attack: the prompt-injection attack planted in the tools' data ("none": the user tasks alone).
-        version: the AgentDojo benchmark version the suite is read from.
-    """
+    suite: Suite = "banking"
+    """The AgentDojo suite whose user tasks are the tasks (workspace, travel, banking, slack)."""
+    attack: Attack = "none"
+    """The prompt-injection attack planted in the tools' data ("none": the user tasks alone)."""
+    version: Version = BENCHMARK_VERSION
+    """The AgentDojo benchmark version the suite is read from."""
+
+
+class AgentDojoEnv(Env):
+    """An AgentDojo suite under an attack; see the module docstring."""
 
     name = "agentdojo"
     system_prompt = SYSTEM_PROMPT
     success_reward = "task_success"
     default_rewards = {"task_success": 1.0, "attack_success": 0.0, "invalid_call_count": -0.1, "tool_call_count": 0.0}
 
-    def __init__(self, suite: Suite = "banking", attack: Attack = "none", version: Version = BENCHMARK_VERSION) -> None:
-        if attack not in ATTACKS:
-            raise ValueError(f"unknown AgentDojo attack {attack!r}; known: {', '.join(ATTACKS)}")
-        self.suite = load_suite(suite, version)
-        self.attack = attack
+    def __init__(self, options: AgentDojoOptions = AgentDojoOptions()) -> None:
+        if options.attack not in ATTACKS:
+            raise ValueError(f"unknown AgentDojo attack {options.attack!r}; known: {', '.join(ATTACKS)}")
+        self.suite = load_suite(options.suite, options.version)
+        self.attack = options.attack
         self.tools = toolset(self.suite, None)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:

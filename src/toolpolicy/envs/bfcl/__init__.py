@@ -10,8 +10,8 @@ single_turn.py  BfclEnv: one scored assistant turn per entry, the leak-free trai
 """
 
 from toolpolicy.envs.bfcl.data import CATEGORIES, BfclDataError, Entry, load_entries, split_of
-from toolpolicy.envs.bfcl.env import POLICY_FILE, BfclMultiTurnEnv, BfclSession
-from toolpolicy.envs.bfcl.single_turn import BfclEnv
+from toolpolicy.envs.bfcl.env import POLICY_FILE, BfclMultiTurnEnv, BfclMultiTurnOptions, BfclSession
+from toolpolicy.envs.bfcl.single_turn import BfclEnv, BfclOptions
 
 __all__ = [
     "CATEGORIES",
@@ -19,6 +19,8 @@ __all__ = [
     "BfclDataError",
     "BfclEnv",
     "BfclMultiTurnEnv",
+    "BfclMultiTurnOptions",
+    "BfclOptions",
     "BfclSession",
     "Entry",
     "load_entries",

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -202,12 +202,16 @@ def all_tools() -> ToolSet:
     return ToolSet([_gate_view(doc["name"]) for backend in BACKENDS for doc in function_docs(backend)])
 
 
-class BfclMultiTurnEnv(Env):
-    """BFCL v4's multi-turn entries on their own backends; see the module docstring.
+@dataclass(frozen=True)
+class BfclMultiTurnOptions:
+    """bfcl_multi_turn's options (env.OPTION in a config)."""
 
-    Args:
-        categories: the BFCL categories to draw entries from (default: all four).
-    """
+    categories: tuple[str, ...] = CATEGORIES
+    """The BFCL categories to draw entries from (default: all four)."""
+
+
+class BfclMultiTurnEnv(Env):
+    """BFCL v4's multi-turn entries on their own backends; see the module docstring."""
 
     name = "bfcl_multi_turn"
     system_prompt = SYSTEM_PROMPT
@@ -215,8 +219,8 @@ class BfclMultiTurnEnv(Env):
     success_reward = "task_success"
     default_rewards = {"task_success": 1.0, "invalid_call_count": -0.1, "policy_violation": -0.25, "tool_call_count": 0.0}
 
-    def __init__(self, categories: tuple[str, ...] = CATEGORIES) -> None:
-        self.categories = tuple(categories)
+    def __init__(self, options: BfclMultiTurnOptions = BfclMultiTurnOptions()) -> None:
+        self.categories = tuple(options.categories)
         self.entries = {entry.id: entry for category in self.categories for entry in load_entries(category)}
         self.tools = all_tools()
 

@@ -46,14 +46,14 @@ Every question-sharing entry also shares a function (get_current_weather, most o
 live entries offer it, and so does a held-out one). The held-out split keeps all 1390
 non-live entries (400 + 100 + 50 + 200 + 200 + 200 + 240).
 
-`BfclEnv(categories)` keeps the entries of the named categories on both sides (the config's
-`bfcl_categories`); the drops are decided against every held-out entry whichever are kept.
+`BfclOptions(categories)` keeps the entries of the named categories on both sides (the config's
+`env.categories`); the drops are decided against every held-out entry whichever are kept.
 
 Archived entries. bfcl-eval also ships, under `data/unused_datasets/`, categories of BFCL's
 earlier versions that v4 scores in no category. Four of them (single_data.ARCHIVED_CATEGORIES:
 exec_simple, exec_multiple, exec_parallel, exec_parallel_multiple) ask the kind of question the
 non-live categories ask (Python functions of arithmetic, physics, finance, weather), their
-answers written as calls (read by `single_data.executable_answer`). `BfclEnv(archived=True)`
+answers written as calls (read by `single_data.executable_answer`). `BfclOptions(archived=True)`
 (the config's `env.archived`) adds them to `train`, 6 left out whose answer cannot be read or
 fits no checker (single_data.ARCHIVED_LEFT_OUT), the others dropped by the same rule as live
 ones (ARCHIVED_DROPPED):
@@ -71,7 +71,7 @@ and parallel: calculate_triangle_area, convert_currency, ...); no question is sh
 Composed entries. Half of BFCL's non-live AST categories ask for several calls in one turn
 (parallel: one function called several times; parallel_multiple: several functions; of
 their 400 entries, 224 expect three calls or more), but after the drops the live side has
-22 such entries. `BfclEnv(composed=N, composed_calls=(2,))` (the config's `env.composed`,
+22 such entries. `BfclOptions(composed=N, composed_calls=(2,))` (the config's `env.composed`,
 `env.composed_calls`) adds N train entries, shared out over the numbers of calls named,
 each made of that many kept live entries that offer the same functions (same schemas) and
 expect one call each: the questions as one user message, one a line, every call expected
@@ -84,7 +84,7 @@ on several expected calls, in any order.
 Fewer functions. The held-out entries offer 1 to 4 functions (multiple: median 3), the
 live ones up to 37, with long descriptions: of the 3,799 train entries of
 examples/smollm2/bfcl.yaml, 1,957 have a prompt over its 1,024 tokens and SFT leaves them
-out. `BfclEnv(max_functions=N)` (the config's `env.max_functions`) offers each train entry
+out. `BfclOptions(max_functions=N)` (the config's `env.max_functions`) offers each train entry
 at most N of its functions: those its expected calls name, then others drawn by its id
 (`fewer_functions`); the answer is the same, and an irrelevance entry still offers only
 functions that cannot serve it.
@@ -660,29 +660,41 @@ class BfclSession(Session):
         self.tools = tools
 
 
-class BfclEnv(Env):
-    """BFCL v4's single-turn entries, one scored assistant turn each; see the module docstring.
+@dataclass(frozen=True)
+class BfclOptions:
+    """bfcl's options (env.OPTION in a config)."""
 
-    Args:
-        categories: the BFCL categories to draw entries from (default: all thirteen), BFCL's
-            group names (`CATEGORY_GROUPS`: live, non_live) standing for theirs; the live ones
-            make `train`, the others `eval`.
-        composed: composed entries added to `train` (`composed_entries`), from the kept ones.
-        composed_calls: the numbers of calls the composed entries hold.
-        composed_style: how they ask their questions: one a line (`lines`), or as one
-            paragraph with "First, ... Then, ..." (`prose`, as the held-out parallel entries ask).
-        unanswerable: irrelevance entries added to `train` (`unanswerable_entries`), from the kept ones.
-        enumerated: entries added to `train` that ask for one value of a kept entry as a list of
-            several (`enumerated_entries`), one call each.
-        enumerated_calls: the numbers of calls the enumerated entries hold.
-        max_functions: each `train` entry (composed and unanswerable ones included) offers at
-            most this many functions, those it does not call dropped (`fewer_functions`);
-            None offers all. The held-out entries offer 1 to 4; the live ones up to 37.
-        archived: add the archived entries (ARCHIVED_CATEGORIES: exec_simple, exec_multiple,
-            exec_parallel, exec_parallel_multiple) to `train`, those sharing a question or
-            a function name with a held-out entry dropped like live ones; composed, unanswerable
-            and enumerated entries are then made of them too.
-    """
+    categories: tuple[Category, ...] = CATEGORIES
+    """The BFCL categories to draw entries from (default: all thirteen), BFCL's group names
+    (`CATEGORY_GROUPS`: live, non_live) standing for theirs; the live ones make `train`, the
+    others `eval`."""
+    composed: int = 0
+    """Composed entries added to `train` (`composed_entries`), from the kept ones."""
+    composed_calls: tuple[int, ...] = (2,)
+    """The numbers of calls the composed entries hold."""
+    composed_style: str = "lines"
+    """How they ask their questions: one a line (`lines`), or as one paragraph with "First,
+    ... Then, ..." (`prose`, as the held-out parallel entries ask)."""
+    unanswerable: int = 0
+    """Irrelevance entries added to `train` (`unanswerable_entries`), from the kept ones."""
+    enumerated: int = 0
+    """Entries added to `train` that ask for one value of a kept entry as a list of several
+    (`enumerated_entries`), one call each."""
+    enumerated_calls: tuple[int, ...] = (2, 3, 4)
+    """The numbers of calls the enumerated entries hold."""
+    max_functions: int | None = None
+    """Each `train` entry (composed and unanswerable ones included) offers at most this many
+    functions, those it does not call dropped (`fewer_functions`); None offers all. The
+    held-out entries offer 1 to 4; the live ones up to 37."""
+    archived: bool = False
+    """Add the archived entries (ARCHIVED_CATEGORIES: exec_simple, exec_multiple,
+    exec_parallel, exec_parallel_multiple) to `train`, those sharing a question or a function
+    name with a held-out entry dropped like live ones; composed, unanswerable and enumerated
+    entries are then made of them too."""
+
+
+class BfclEnv(Env):
+    """BFCL v4's single-turn entries, one scored assistant turn each; see the module docstring."""
 
     name = "bfcl"
     system_prompt = ""
@@ -699,31 +711,21 @@ class BfclEnv(Env):
         "invalid_call_count": 0.0,
     }
 
-    def __init__(
-        self,
-        categories: tuple[Category, ...] = CATEGORIES,
-        composed: int = 0,
-        composed_calls: tuple[int, ...] = (2,),
-        composed_style: str = "lines",
-        unanswerable: int = 0,
-        enumerated: int = 0,
-        enumerated_calls: tuple[int, ...] = (2, 3, 4),
-        max_functions: int | None = None,
-        archived: bool = False,
-    ) -> None:
-        self.categories = known_categories(categories)
-        self.archived = archived
-        self.sources = self.categories + (ARCHIVED_CATEGORIES if archived else ())
+    def __init__(self, options: BfclOptions = BfclOptions()) -> None:
+        self.categories = known_categories(options.categories)
+        self.archived = options.archived
+        self.sources = self.categories + (ARCHIVED_CATEGORIES if options.archived else ())
         """The categories of `train`'s entries before composed, unanswerable and enumerated ones are added."""
-        split = v4_split(archived)
+        split = v4_split(options.archived)
         train = [e for e in split.train if e.category in self.sources]
         added = (
-            composed_entries(train, composed, calls=tuple(composed_calls), style=composed_style)
-            + unanswerable_entries(train, unanswerable)
-            + enumerated_entries(train, enumerated, calls=tuple(enumerated_calls))
+            composed_entries(train, options.composed, calls=tuple(options.composed_calls), style=options.composed_style)
+            + unanswerable_entries(train, options.unanswerable)
+            + enumerated_entries(train, options.enumerated, calls=tuple(options.enumerated_calls))
         )
+        limit = options.max_functions
         self.pools = {
-            "train": [e if max_functions is None else fewer_functions(e, max_functions) for e in train + added],
+            "train": [e if limit is None else fewer_functions(e, limit) for e in train + added],
             "eval": [e for e in split.held_out if e.category in self.categories],
         }
         self.dropped = {i: why for i, why in split.dropped.items() if train_category(i) in self.sources}

@@ -9,7 +9,7 @@ expert.py    the imperfect demonstrator for SFT
 env.py       HotelEnv and the per-episode HotelSession
 """
 
-from toolpolicy.envs.hotel.env import POLICY_FILE, POLICY_MARKDOWN, HotelEnv, HotelSession
+from toolpolicy.envs.hotel.env import POLICY_FILE, POLICY_MARKDOWN, HotelEnv, HotelOptions, HotelSession
 from toolpolicy.envs.hotel.expert import ExpertStyle, expert_turns
 from toolpolicy.envs.hotel.user import ScriptedUser, User, scenario_text
 
@@ -18,6 +18,7 @@ __all__ = [
     "POLICY_MARKDOWN",
     "ExpertStyle",
     "HotelEnv",
+    "HotelOptions",
     "HotelSession",
     "ScriptedUser",
     "User",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +105,19 @@ class HotelSession(Session):
         }
 
 
+@dataclass(frozen=True)
+class HotelOptions:
+    """hotel's options (env.OPTION in a config)."""
+
+    db_seed: int = 0
+    """The seed of the hotel's database (its guests and bookings) and of its tasks."""
+
+
 class HotelEnv(Env):
     """Hotel stays on SQLite; see the module docstring.
 
     Args:
-        db_seed: the seed of the hotel's database (its guests and bookings) and of its tasks.
+        options: its options (HotelOptions).
         user: the simulated guest, a factory `(task) -> User` (env.user, env.user_url; the
             scripted guest by default).
     """
@@ -127,11 +136,11 @@ class HotelEnv(Env):
         "tool_call_count": 0.0,
     }
 
-    def __init__(self, db_seed: int = 0, user: UserFactory = scripted_user) -> None:
-        self.db_seed = db_seed
+    def __init__(self, options: HotelOptions = HotelOptions(), user: UserFactory = scripted_user) -> None:
+        self.db_seed = options.db_seed
         self.user = user
         self.policy = Policy.load(POLICY_FILE)
-        self.tools = make_tools(fresh_copy(db_seed))  # the specs the template lists and the gate checks; episodes use their own copy
+        self.tools = make_tools(fresh_copy(self.db_seed))  # the specs the template lists and the gate checks; episodes use their own copy
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         return make_tasks(split, n, seed, self.db_seed)

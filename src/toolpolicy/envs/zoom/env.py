@@ -101,14 +101,18 @@ def _placed(difficulty: str, code: str, rng: random.Random) -> dict[str, Any]:
     return {"at": [x, y], "cell": cell, "evidence": [x + left, y + top, x + right, y + bottom]}
 
 
-class ZoomEnv(Env):
-    """Codes in pictures, small or large; see the module docstring.
+@dataclass(frozen=True)
+class ZoomOptions:
+    """zoom's options (env.OPTION in a config)."""
 
-    Args:
-        hard_fraction: the share of tasks whose code is drawn too small to read without a zoom.
-        tools: the picture tools the model is given (`picture_tools`: zoom, rotate, draw_box,
-            draw_point).
-    """
+    hard_fraction: float = 0.5
+    """The share of tasks whose code is drawn too small to read without a zoom."""
+    tools: tuple[str, ...] = ("zoom",)
+    """The picture tools the model is given (`picture_tools`: zoom, rotate, draw_box, draw_point)."""
+
+
+class ZoomEnv(Env):
+    """Codes in pictures, small or large; see the module docstring."""
 
     name = "zoom"
     system_prompt = SYSTEM_PROMPT
@@ -124,14 +128,14 @@ class ZoomEnv(Env):
         "ignored_crop": 0.0,
     }
 
-    def __init__(self, hard_fraction: float = 0.5, tools: tuple[str, ...] = ("zoom",)) -> None:
+    def __init__(self, options: ZoomOptions = ZoomOptions()) -> None:
         blank = PILImage.new("RGB", (PICTURE, PICTURE))
         known = picture_tools(blank, VIEW).names
-        unknown = sorted(set(tools) - set(known))
+        unknown = sorted(set(options.tools) - set(known))
         if unknown:
             raise ValueError(f"zoom env: unknown tool(s) {unknown}; it has {list(known)}")
-        self.hard_fraction = hard_fraction
-        self.listed = tuple(tools)
+        self.hard_fraction = options.hard_fraction
+        self.listed = tuple(options.tools)
         self.tools = listed_tools(blank, self.listed)  # the specs the model is shown and the gate checks
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
