@@ -2,9 +2,8 @@
 
 Each top-level module or folder of src/toolpolicy is a layer and has one row; the row's
 "imports" cell lists every layer its files import (every import statement, the ones inside
-functions too, none under TYPE_CHECKING: tests/test_layers.py's graph), each a row above it.
-An arrow that points down the table is an error unless the cell marks it `(upward)`: the page
-then says why it is there. A new import across layers, a layer without a row, a row that is no
+functions too, none under TYPE_CHECKING: tests/test_layers.py's graph), each a row above it,
+so the folders make no circle. An arrow that points down the table, a new import across layers, a layer without a row, a row that is no
 layer, an arrow the code no longer has: each fails here, naming the file and the line.
 """
 
@@ -19,7 +18,7 @@ from toolpolicy.config import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "architecture.md"
-ENTRY = re.compile(r"`([^`]+)`(\s*\(upward\))?")
+ENTRY = re.compile(r"`([^`]+)`")
 NONE = "—"
 
 
@@ -47,8 +46,8 @@ def measured() -> dict[str, dict[str, list[str]]]:
     return graph
 
 
-def table(text: str) -> list[tuple[str, dict[str, bool]]]:
-    """The Layers table's rows in order: (layer, {imported layer: marked upward})."""
+def table(text: str) -> list[tuple[str, set[str]]]:
+    """The Layers table's rows in order: (layer, the layers it imports)."""
     section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header and its rule
     assert rows, "docs/architecture.md: the Layers section has no table"
@@ -58,11 +57,11 @@ def table(text: str) -> list[tuple[str, dict[str, bool]]]:
         name, imports = cells[0].strip("`"), cells[-1]
         rest = ENTRY.sub("", imports).replace(",", "").strip()
         assert rest in ("", NONE), f"docs/architecture.md, row {name}: imports cell {imports!r} is not `layer`, ... (or {NONE})"
-        out.append((name, {m.group(1): bool(m.group(2)) for m in ENTRY.finditer(imports)}))
+        out.append((name, {m.group(1) for m in ENTRY.finditer(imports)}))
     return out
 
 
-def problems(rows: list[tuple[str, dict[str, bool]]], graph: dict[str, dict[str, list[str]]]) -> list[str]:
+def problems(rows: list[tuple[str, set[str]]], graph: dict[str, dict[str, list[str]]]) -> list[str]:
     """Every way the table and the measured graph disagree, each a sentence naming the page, file and line."""
     where = {name: index for index, (name, _) in enumerate(rows)}
     found = []
@@ -72,18 +71,16 @@ def problems(rows: list[tuple[str, dict[str, bool]]], graph: dict[str, dict[str,
         found.append(f"src/toolpolicy has `{name}`, which the Layers table of docs/architecture.md has no row for")
     for name, listed in rows:
         arrows = graph.get(name, {})
-        for target in sorted(listed.keys() - where.keys()):
+        for target in sorted(listed - where.keys()):
             found.append(f"docs/architecture.md, row `{name}`: imports `{target}`, which is no row of the table")
-        for target in sorted(listed.keys() - arrows.keys()):
+        for target in sorted(listed - arrows.keys()):
             found.append(f"docs/architecture.md, row `{name}`: lists `{target}`, which no file of `{name}` imports today")
         for target, sites in sorted(arrows.items()):
             lines = "".join(f"\n    {site}" for site in sites)
             if target not in listed:
                 found.append(f"`{name}` imports `{target}`, which its row of docs/architecture.md does not list:{lines}")
-            elif target in where and where[target] > where[name] and not listed[target]:
-                found.append(f"`{name}` imports `{target}`, a row below it in docs/architecture.md (a row imports only rows above it; mark an exception `(upward)`):{lines}")
-            elif target in where and where[target] < where[name] and listed[target]:
-                found.append(f"docs/architecture.md, row `{name}`: marks `{target}` (upward), but that row is above it")
+            elif target in where and where[target] > where[name]:
+                found.append(f"`{name}` imports `{target}`, a row below it in docs/architecture.md (a row imports only rows above it):{lines}")
     return found
 
 
@@ -94,11 +91,11 @@ def test_the_layers_table_is_the_measured_import_graph():
     assert not found, "\n".join(found)
 
 
-def test_the_only_folder_circles_are_closed_by_an_arrow_the_table_marks_upward():
-    """Without the marked arrows the folder graph has no circle: the order of the rows is one."""
-    marked = {(name, target) for name, listed in table(PAGE.read_text()) for target, up in listed.items() if up}
-    graph = {name: {t for t in arrows if (name, t) not in marked} for name, arrows in measured().items()}
+def test_the_folders_make_no_circle():
+    """The folder graph has no circle, so the rows have an order in which each imports only rows above it."""
+    graph = {name: set(arrows) for name, arrows in measured().items()}
     assert cycles(graph) == []
+    assert cycles({**graph, "rollout/": graph["rollout/"] | {"report/"}}), "the check finds a circle when there is one"
 
 
 def _edit_row(text: str, name: str, old: str, new: str) -> str:
@@ -128,10 +125,6 @@ def test_the_check_fails_on_a_missing_arrow_an_unknown_folder_and_an_arrow_up():
     found = problems(types_last, graph)
     assert found and all("a row below it" in problem for problem in found)
     assert any("`chat/` imports `types.py`, a row below it" in problem and "src/toolpolicy/chat/" in problem for problem in found)
-
-    unmarked = _edit_row(text, "model/", " (upward)", "")
-    (found,) = problems(table(unmarked), graph)
-    assert "`model/` imports `report/`, a row below it" in found and "src/toolpolicy/model/card.py:" in found
 
     stale = _edit_row(text, "types.py", NONE, "`chat/`")
     assert any("lists `chat/`, which no file of `types.py` imports today" in problem for problem in problems(table(stale), graph))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from toolpolicy.model.card import CardFacts, card_facts, evaluations_of, model_card
+from toolpolicy.report.card import CardFacts, card_facts, evaluations_of, model_card
 from toolpolicy.report.run_files import RunFileError
 
 ADAPTER = {"base_model_name_or_path": "models/base-merged", "r": 16, "lora_alpha": 32, "target_modules": ["v_proj", "q_proj"]}

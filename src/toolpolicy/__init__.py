@@ -12,7 +12,7 @@ resumed, so a resumed run drifted from the straight one by an ulp a step. Set be
 first call (it reads the variable then); measured at no cost in speed on that CPU. A value
 the user exported is kept."""
 
-_API = ("Config", "ConfigError", "bfcl_v4", "evaluate", "format_summary", "load_config", "replaced", "sft", "train")
+_API = ("Config", "ConfigError", "bfcl_v4", "evaluate", "export", "format_summary", "load_config", "replaced", "sft", "train")
 """The Python API (toolpolicy.api), importable from here: `import toolpolicy as tp; tp.sft(cfg)`."""
 
 

@@ -1,4 +1,4 @@
-"""toolpolicy from Python: what the `sft`, `train` and `eval` commands do, as functions.
+"""toolpolicy from Python: what the `sft`, `train`, `eval` and `export` commands do, as functions.
 
 A notebook or a script drives a run the way the command line does, with the same config
 files, run folders and results:
@@ -26,7 +26,7 @@ from typing import Any
 
 from toolpolicy.config import Config, ConfigError, replaced
 
-__all__ = ["Config", "ConfigError", "bfcl_v4", "evaluate", "format_summary", "load_config", "replaced", "sft", "train"]
+__all__ = ["Config", "ConfigError", "bfcl_v4", "evaluate", "export", "format_summary", "load_config", "replaced", "sft", "train"]
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
@@ -77,6 +77,41 @@ def bfcl_v4(cfg: Config, checkpoint: str | Path | None = None, categories: str |
 
     entries = first_per_category(load_v4(parse_categories(categories)), limit)
     return score_bfcl(cfg, scored_model(cfg, checkpoint), entries, Path(cfg.run.dir), name="bfcl_v4", groups=bfcl_scores)
+
+
+def export(source: str | Path, out: str | Path, merge: bool = False, dtype: str = "float32") -> Path:
+    """What `toolpolicy export` does: write `source`'s model (a run's newest, see
+    `toolpolicy.model.newest_model`) to `out` with its tokenizer; a LoRA adapter folded into
+    its base with `merge`, else saved as the adapter. `dtype` "bfloat16" halves the files (an
+    adapter to ship in a repository); loading casts them back to the precision the run asks
+    for. A chat template with no tools section is written with one in front
+    (`served_template`), so a server shows the model its tools. README.md is the model card
+    (`toolpolicy.report.card`): base, run config, scores."""
+    import sys
+
+    import torch
+
+    from toolpolicy.chat.tools_block import served_template
+    from toolpolicy.model import load_trained, newest_model
+    from toolpolicy.model.adapters import merged
+    from toolpolicy.report.card import card_facts, model_card
+
+    exported = newest_model(source)
+    facts = card_facts(Path(source), exported, Path(out).name, dtype, merge)  # a broken run file stops before anything is written
+    model, tokenizer, _ = load_trained(exported)  # no chat format needed: weights and files only
+    model = merged(model) if merge else model
+    model.to(getattr(torch, dtype)).save_pretrained(out)
+    with_tools = served_template(tokenizer)
+    if with_tools is not None:
+        tokenizer.chat_template = with_tools
+        print(
+            f"{out}: the model's chat template has no tools section; the folder's template lists tools in a Hermes block in "
+            "the system message, as model.chat_tools: system does in training (src/toolpolicy/chat/tools_block.py)",
+            file=sys.stderr,
+        )
+    tokenizer.save_pretrained(out)
+    (Path(out) / "README.md").write_text(model_card(facts), encoding="utf-8")
+    return Path(out)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -566,9 +566,9 @@ def main(argv: list[str] | None = None) -> int:
 
             print(unpack_model(args.source, args.out))
         elif args.command == "export":
-            from toolpolicy.model import export_model
+            from toolpolicy.api import export
 
-            print(export_model(args.source, args.out, merge=args.merge, dtype=args.dtype))
+            print(export(args.source, args.out, merge=args.merge, dtype=args.dtype))
         elif args.command == "ablate":
             from toolpolicy.ablation import run_ablation
 

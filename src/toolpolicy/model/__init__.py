@@ -20,8 +20,7 @@ from transformers import (
 from transformers.utils.chat_template_utils import encode_marked_chat
 
 from toolpolicy.chat import ChatFormatError, ChatTemplate, HermesTemplate, JinjaTemplate
-from toolpolicy.chat.tools_block import served_template
-from toolpolicy.model.adapters import adapter_base, is_adapter, load_adapter, merged
+from toolpolicy.model.adapters import adapter_base, is_adapter, load_adapter
 from toolpolicy.model.files import check_checkpoint, diagnose_tokenizer
 from toolpolicy.model.gguf import local_checkpoint
 from toolpolicy.model.placement import Placement, place
@@ -187,28 +186,3 @@ def newest_model(source: str | Path) -> Path:
     return run_model(source) or Path(source)
 
 
-def export_model(source: str | Path, out: str | Path, merge: bool, dtype: str = "float32") -> Path:
-    """Write `source`'s model (a run's newest, see `newest_model`) to `out` with its
-    tokenizer; a LoRA adapter folded into its base with `merge`, else saved as the adapter.
-    `dtype` "bfloat16" halves the files (an adapter to ship in a repository); loading casts
-    them back to the precision the run asks for. A chat template with no tools section is
-    written with one in front (`served_template`), so a server shows the model its tools.
-    README.md is the model card (`toolpolicy.model.card`): base, run config, scores."""
-    from toolpolicy.model.card import card_facts, model_card  # export alone reads run files; loading a model never does
-
-    exported = newest_model(source)
-    facts = card_facts(Path(source), exported, Path(out).name, dtype, merge)  # a broken run file stops before anything is written
-    model, tokenizer, _ = load_trained(exported)  # no chat format needed: weights and files only
-    model = merged(model) if merge else model
-    model.to(getattr(torch, dtype)).save_pretrained(out)
-    with_tools = served_template(tokenizer)
-    if with_tools is not None:
-        tokenizer.chat_template = with_tools
-        print(
-            f"{out}: the model's chat template has no tools section; the folder's template lists tools in a Hermes block in "
-            "the system message, as model.chat_tools: system does in training (src/toolpolicy/chat/tools_block.py)",
-            file=sys.stderr,
-        )
-    tokenizer.save_pretrained(out)
-    (Path(out) / "README.md").write_text(model_card(facts), encoding="utf-8")
-    return Path(out)
