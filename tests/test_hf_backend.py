@@ -11,6 +11,8 @@ import torch
 from toolpolicy.envs import HotelEnv, make_env
 from toolpolicy.model import PolicyModel
 from toolpolicy.rollout import GenRequest, HFBackend, EpisodeLimits, RolloutEngine
+from toolpolicy.rollout.backends import FoldedHFBackend
+from toolpolicy.rollout.prefix_attention import SharedPrefix
 from toolpolicy.trainer.batch import collate, forward_logprobs
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
@@ -135,20 +137,27 @@ def test_a_cache_budget_changes_how_often_tokens_are_computed_never_which(hotel_
     700 positions (batches of one or two episodes; most episodes' caches dropped between turns
     and prefilled again): the same ids and log-probs as without a budget, more prefill, and
     never more cache kept than the budget."""
-    env = HotelEnv()
-    tasks = [task for task in env.tasks("train", 3, seed=11) for _ in range(2)]
-    limits = EpisodeLimits(max_turns=8, max_tokens=640)
     unbounded, bounded = backend_of(hotel_policy), Bounded(hotel_policy, rows=2, positions=700)
+    assert_same_hotel_samples(hotel_policy, unbounded, bounded, groups=3, size=2)
+    assert bounded.counts["prefill"] > unbounded.counts["prefill"]
+    assert 0 < bounded.most_kept <= bounded.cache_bytes // 2
+
+
+def assert_same_hotel_samples(policy: PolicyModel, one: HFBackend, other: HFBackend, groups: int, size: int, seed: int = 100) -> list:
+    """Multi-turn hotel episodes with a seed each sampled by both backends: the same ids, and
+    log-probs within float32 rounding. Returns the first backend's episodes."""
+    env = HotelEnv()
+    tasks = [task for task in env.tasks("train", groups, seed=11) for _ in range(size)]
+    limits = EpisodeLimits(max_turns=8, max_tokens=640)
     runs = []
-    for backend in (unbounded, bounded):
-        engine = RolloutEngine(env, hotel_policy.chat, hotel_policy.encode, hotel_policy.decode, backend, limits)
-        runs.append(engine.run(tasks, seeds=list(range(100, 106))))
+    for backend in (one, other):
+        engine = RolloutEngine(env, policy.chat, policy.encode, policy.decode, backend, limits)
+        runs.append(engine.run(tasks, seeds=list(range(seed, seed + len(tasks)))))
     assert max(len(t.turn_spans) for t in runs[0]) >= 3, "episodes of several turns"
     assert [t.token_ids for t in runs[0]] == [t.token_ids for t in runs[1]]
     for a, b in zip(*runs):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
-    assert bounded.counts["prefill"] > unbounded.counts["prefill"]
-    assert 0 < bounded.most_kept <= bounded.cache_bytes // 2
+    return runs[0]
 
 
 def test_batches_fit_the_budget_in_order_and_a_long_request_runs_alone(hotel_policy: PolicyModel) -> None:
@@ -193,3 +202,52 @@ def test_prompts_that_begin_alike_run_their_prefix_once_and_sample_as_alone(hote
         alone = backend_of(hotel_policy).generate([GenRequest(k, prompt, 12, seed=k)])[0]
         assert batch[k].ids == alone.ids
         assert torch.allclose(torch.tensor(batch[k].logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+
+
+class Unshared(FoldedHFBackend):
+    """The folded sampler with every row holding a copy of its prompt's cache."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.share = False
+
+
+class Kept(FoldedHFBackend):
+    """The folded sampler, recording the most cache it keeps for a next turn and the prompts a
+    batch's rows share."""
+
+    most_kept, prompts = 0, []
+
+    def _generate(self, requests: list[GenRequest]):
+        out = super()._generate(requests)
+        self.most_kept = max(self.most_kept, sum(rows.nbytes() for rows in self._rows))
+        self.prompts += [rows.prefix.attention.shape[0] for rows in self._rows if rows.prefix is not None]
+        return out
+
+
+@pytest.mark.parametrize("budget", [None, 2 * 4000])
+def test_a_groups_episodes_share_their_prompt_and_sample_what_copies_sample(
+    hotel_policy: PolicyModel, budget: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Multi-turn hotel episodes, 3 groups of 4 with a seed each, on the folded sampler: with
+    each prompt's cache stored once for its group (rollout/prefix_attention.py) the same ids as
+    with a copy per row, log-probs within float32 rounding, in less cache. With a budget of two
+    batch's cache of 4000 positions (batches that each hold a few prompts, the rows of two
+    batches joined again on a next turn) too."""
+    joins = []
+    join = SharedPrefix.joined
+    monkeypatch.setattr(SharedPrefix, "joined", staticmethod(lambda prefixes: joins.append(len(prefixes)) or join(prefixes)))
+    shared, copies = backend_of(hotel_policy, Kept), backend_of(hotel_policy, Unshared)
+    assert shared.share and not copies.share
+    for backend in (shared, copies):
+        if budget is not None:
+            backend.cache_bytes = budget * backend.position_bytes
+    episodes = assert_same_hotel_samples(hotel_policy, shared, copies, groups=3, size=4, seed=200)
+    if budget is None:
+        assert shared.counts == copies.counts  # the same tokens run through the model
+        assert shared.prompts[0] == 3  # the first turn: 12 rows, 3 prompts
+        unshared_first_turn = 12 * max(len(t.token_ids) for t in episodes) * shared.position_bytes
+        assert 0 < shared.most_kept < unshared_first_turn
+    else:  # shared prompts take less of the budget: fewer rows dropped and prefilled again
+        assert shared.counts["prefill"] < copies.counts["prefill"]
+        assert max(joins) > 1 and shared.most_kept <= shared.cache_bytes // 2

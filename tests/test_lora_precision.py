@@ -317,21 +317,24 @@ def _lora_policy(dtype: str, seed: int) -> PolicyModel:
     return policy
 
 
-def _shift_adapter(model: torch.nn.Module, seed: int) -> None:
+def _shift_adapter(model: torch.nn.Module, seed: int, scale: float = 0.02) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
 
 
-@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("bfloat16", 0.05)])
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("bfloat16", 0.15)])
 def test_the_folded_sampler_samples_the_trained_weights_after_each_sync(dtype: str, tolerance: float) -> None:
     """FoldedHFBackend samples from a copy with the adapter folded in: its log-probabilities
-    agree with the trainer's forward of the LoRA model within the precision's tolerance (the
-    same bounds as the unfolded sampler's), before and after the adapter moves and `sync`
-    loads it; without the sync the copy still samples the old weights. It is declared
-    inexact, so algorithm.correction auto corrects for it."""
+    agree with the trainer's forward of the LoRA model within the precision's tolerance,
+    before and after the adapter moves and `sync` loads it; without the sync the copy still
+    samples the old weights. In bfloat16 the copy's output head rounds the logits to 8 bits
+    (a logit in [16, 32) moves in steps of 0.125) and its attention merges two rounded halves
+    (rollout/prefix_attention.py): one step of a logit is a gap up to 0.125, measured 0.006 to
+    0.12 over seeds, where the moved adapter gives 0.63. It is declared inexact, so
+    algorithm.correction auto corrects for it."""
     policy = _lora_policy(dtype, seed=0)
     env = CalcEnv()
     backend = FoldedHFBackend(policy.model, policy.stop_ids, policy.pad_id, torch.Generator().manual_seed(0), temperature=1.0)
@@ -348,7 +351,7 @@ def test_the_folded_sampler_samples_the_trained_weights_after_each_sync(dtype: s
         return float((recomputed[mask] - batch.old_logprobs[mask]).abs().max())
 
     assert gap() < tolerance
-    _shift_adapter(policy.model, seed=1)
-    assert gap() > tolerance  # the copy still holds the old adapter
+    _shift_adapter(policy.model, seed=1, scale=0.06)
+    assert gap() > 2 * tolerance  # the copy still holds the old adapter
     backend.sync(policy.model)
     assert gap() < tolerance

@@ -229,18 +229,20 @@ class HfSection(BackendSettings):
 
     name: Literal["hf"] = "hf"
     """hf: the policy's transformers model samples its own turns."""
-    cache_gib: float = Field(0.5, gt=0)
+    cache_gib: float = Field(2.0, gt=0)
     """The KV cache the sampler holds, half for the batch of turns being sampled (requests are
     batched to fit; a longer one runs alone), half for the episodes kept for their next turn
     (past it, an episode's next turn is prefilled from its full ids: more computation, the same
     tokens). A position takes 46 KB for SmolLM2-135M in float32, 23 KB in bfloat16, 3 KB for the
-    embedded model in float32. With rl.sampling_streams: batch, the samples depend on how the
-    turns are batched."""
+    embedded model in float32: a BFCL step's 32 turns of up to 1,216 positions fit in 1 GiB in
+    bfloat16 (each a copy of its prompt; with `fold` a group's prompt is held once). With
+    rl.sampling_streams: batch, the samples depend on how the turns are batched."""
     fold: bool = False
     """Sample from a copy of the policy with its LoRA adapter folded in and every linear weight
     in the compute dtype, refreshed after each update (rollout/backends.py: FoldedHFBackend):
     1.2-1.4x a LoRA policy's rollout speed in bfloat16 (docs/speed.md), for a second copy of the
-    weights; its log-probabilities are then rounded apart from the trainer's, so
+    weights. The episodes of a group then share their prompt's KV cache, stored and read once
+    for all of them (rollout/prefix_attention.py). Its log-probabilities are rounded apart from the trainer's, so
     algorithm.correction auto weighs tokens by truncated importance sampling. False samples
     from the trained model itself, the trainer's very numbers."""
 

@@ -23,6 +23,7 @@ from toolpolicy.model.adapters import merged, merged_weights
 from toolpolicy.model.placement import compute_dtype, in_compute_dtype, linear_weights_in
 from toolpolicy.model.vision import VisionInput, pixels_for, unsampled_ids, without_ids
 from toolpolicy.rollout.kv_cache import Forward, RowCache, cache_argument, position_bytes
+from toolpolicy.rollout.prefix_attention import PrefixRows, register, shares_prefixes
 from toolpolicy.types import Image, Message
 
 
@@ -135,7 +136,7 @@ class HFBackend:
         generator: torch.Generator,
         temperature: float = 1.0,
         max_batch: int = 128,
-        cache_bytes: int = 2**29,
+        cache_bytes: int = 2**31,
         vision: VisionInput | None = None,
     ) -> None:
         self.model = model
@@ -148,6 +149,8 @@ class HFBackend:
         self.cache_bytes = cache_bytes
         self.position_bytes = position_bytes(model, compute_dtype(model))
         self.counts: Counter[str] = Counter()
+        self.share = False
+        """Rows that start from one prompt share it (RowCache.prefill's `share`)."""
         self._forward = _forward_of(model, vision)
         self._rows: list[RowCache | None] = []  # None: released mid-turn
         self._streams: dict[int, torch.Generator] = {}
@@ -209,7 +212,7 @@ class HFBackend:
             keys, prompts = [requests[i].key for i in batch], [requests[i].ids for i in batch]
             room = max(requests[i].max_new_tokens for i in batch)
             shown = [[image for _, image in requests[i].images] for i in batch]
-            rows = RowCache.prefill(keys, prompts, self._forward, self.pad_id, device, self.counts, room, shown)
+            rows = RowCache.prefill(keys, prompts, self._forward, self.pad_id, device, self.counts, room, shown, self.share)
             out.update(zip(batch, self._decode(rows, [requests[i] for i in batch], pieces)))
         self._rows = pieces
         return [out[i] for i in range(len(requests))]
@@ -225,13 +228,21 @@ class HFBackend:
             positions = len(requests[i].ids) + requests[i].max_new_tokens
             wider = max(widest, positions)
             fits = bool(batches) and len(batches[-1]) < self.max_batch
-            if fits and (len(batches[-1]) + 1) * wider * self.position_bytes <= self.cache_bytes // 2:
+            if fits and self._positions(requests, batches[-1] + [i], wider) * self.position_bytes <= self.cache_bytes // 2:
                 batches[-1].append(i)
                 widest = wider
             else:
                 batches.append([i])
                 widest = positions
         return batches
+
+    def _positions(self, requests: list[GenRequest], batch: list[int], widest: int) -> int:
+        """Cache positions a batch takes: every row as wide as the widest, or with `share`
+        each distinct ids once (a group's prompt) and every row its new tokens."""
+        if not self.share:
+            return len(batch) * widest
+        distinct = {tuple(requests[i].ids): len(requests[i].ids) for i in batch}
+        return len(distinct) * max(distinct.values()) + len(batch) * max(requests[i].max_new_tokens for i in batch)
 
     def _sample(self, logits: torch.Tensor, streams: list[torch.Generator] | None, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row and its log-probability under the sampling distribution.
@@ -315,12 +326,21 @@ class FoldedHFBackend(HFBackend):
     log-probabilities are not the trainer's own numbers (`exact_logprobs` is False):
     algorithm.correction auto then weighs each token by truncated importance sampling, and the
     `mismatch/*` metrics measure the gap. Costs a second copy of the weights (270 MB for
-    SmolLM2-135M in bfloat16)."""
+    SmolLM2-135M in bfloat16).
+
+    The episodes of a group share their prompt's cache (`share`, for a text model whose
+    attention rollout/prefix_attention.py can take over): stored once, read once a step for
+    all of them."""
 
     capabilities = Capabilities(request_seeds=True, exact_logprobs=False, in_process=True)
 
-    def __init__(self, model: torch.nn.Module, *args, **kwargs) -> None:
-        super().__init__(sampling_copy(model), *args, **kwargs)
+    def __init__(self, model: torch.nn.Module, *args, vision: VisionInput | None = None, **kwargs) -> None:
+        copy_ = sampling_copy(model)
+        share = vision is None and shares_prefixes(copy_)
+        if share:
+            register(copy_)
+        super().__init__(copy_, *args, vision=vision, **kwargs)
+        self.share = share
 
     def sync(self, model: torch.nn.Module) -> None:
         """Load `model`'s current weights, its adapter folded in, into the copy."""
@@ -352,13 +372,14 @@ def _forward_of(model: torch.nn.Module, vision: VisionInput | None = None) -> Fo
 
     def forward(
         ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: DynamicCache | None,
-        shown: Sequence[Sequence[Image]],
+        shown: Sequence[Sequence[Image]], prefix: PrefixRows | None = None,
     ) -> tuple[torch.Tensor, DynamicCache]:
         pictures = [image for row in shown for image in row]
         pixels = {"pixel_values": pixels_for(vision, pictures).to(ids.device)} if pictures else {}
+        shared = {"shared_prefix": prefix} if prefix is not None else {}
         output = model(
             input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **{cache_name: cache}, **last_only,
-            **pixels,
+            **pixels, **shared,
         )
         return without_ids(output.logits[:, -1].float(), never), getattr(output, cache_name)
 

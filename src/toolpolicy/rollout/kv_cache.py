@@ -7,6 +7,11 @@ decoding writes into spare room of preallocated buffers (sized for the turn's to
 instead of concatenating at every step. Padding and the tokens a row sampled after its stop
 are masked out of attention and skipped by the position ids, so every real token attends to
 exactly its own history.
+
+Rows that start from one prompt (a group's episodes) may share it instead of each holding a
+copy (`prefill(share=True)`): the prompt's keys and values are stored once
+(rollout/prefix_attention.py's `SharedPrefix`), a row's cache holds only the columns after
+it, and the model's attention reads the prompt once for all of its rows.
 """
 
 from __future__ import annotations
@@ -19,14 +24,16 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from toolpolicy.rollout.prefix_attention import PrefixRows, SharedPrefix
 from toolpolicy.types import Image
 
 Forward = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache | None, Sequence[Sequence[Image]]], tuple[torch.Tensor, DynamicCache]
+    [torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache | None, Sequence[Sequence[Image]], PrefixRows | None],
+    tuple[torch.Tensor, DynamicCache],
 ]
 """(ids [B, S], attention [B, T+S], position ids [B, S], cache or None, the pictures each row
-of `ids` shows, in order) -> (the last position's logits [B, V] in float32, the cache
-holding T+S columns)."""
+of `ids` shows, in order, the shared prompts the rows' columns follow or None) -> (the last
+position's logits [B, V] in float32, the cache holding T+S columns)."""
 
 def cache_argument(model: torch.nn.Module) -> str:
     """The name under which `model`'s forward takes and returns its KV cache: transformers
@@ -133,6 +140,9 @@ class RowCache:
     keys, ids: each row's episode key and the real token ids its cache holds, in order
     logits:    [rows, V] the next-token logits after the last real token fed
     fed:       the tokens fed while decoding the current turn, one [rows] tensor per step
+    prefix:    the prompts the rows share (None: each row's cache holds all of its tokens);
+               `cache` and `attention` then hold only the columns after its prompt
+    group:     [rows] each row's prompt in `prefix`
     """
 
     cache: DynamicCache
@@ -142,16 +152,19 @@ class RowCache:
     ids: list[list[int]]
     logits: torch.Tensor
     fed: list[torch.Tensor] = field(default_factory=list)
+    prefix: SharedPrefix | None = None
+    group: torch.Tensor | None = None
 
     @classmethod
     def prefill(
         cls, keys: list[int], prompts: list[list[int]], forward: Forward, pad_id: int, device: torch.device, counts: Counter[str],
-        room: int, shown: Sequence[Sequence[Image]] | None = None,
+        room: int, shown: Sequence[Sequence[Image]] | None = None, share: bool = False,
     ) -> RowCache:
         """Run each distinct prompt (its ids and the pictures it `shown`) once, left-padded, then
-        give every row its prompt's cache, with `room` columns to grow into. Text prompts that
-        begin alike (one system prompt and tool list, different questions) run their common
-        prefix once and then each its own rest (`shared_prefix`)."""
+        give every row its prompt's cache, with `room` columns to grow into: a copy, or with
+        `share` (text prompts only) the prompt itself, stored once for all of its rows. Text
+        prompts that begin alike (one system prompt and tool list, different questions) run
+        their common prefix once and then each its own rest (`shared_prefix`)."""
         shown = shown if shown is not None else [()] * len(prompts)
         distinct: dict[tuple[tuple[int, ...], tuple[bytes, ...]], int] = {}
         source = [distinct.setdefault((tuple(p), tuple(i.png for i in s)), len(distinct)) for p, s in zip(prompts, shown)]
@@ -166,7 +179,28 @@ class RowCache:
             rows.append([p[common:] for p in unique], forward, pad_id, counts)
         else:
             rows = cls.run(unique, pictures, forward, pad_id, device, counts)
+        if share and not any(pictures):
+            return rows.shared(torch.tensor(source, device=device), keys, [list(p) for p in prompts], room)
         return cls.gather([rows], [(0, row) for row in source], keys, [list(p) for p in prompts], room)
+
+    def shared(self, group: torch.Tensor, keys: list[int], ids: list[list[int]], room: int) -> RowCache:
+        """Rows that continue these prompts (row i the prompt group[i]), which become their
+        shared prefix; each row's own columns start empty, with `room` to grow into."""
+        prefix = SharedPrefix(
+            tuple(layer.keys.contiguous() for layer in self.cache.layers),
+            tuple(layer.values.contiguous() for layer in self.cache.layers),
+            self.attention,
+        )
+        cache = DynamicCache()
+        cache.layers = [
+            GrowingLayer(layer.keys[group, :, :0], layer.values[group, :, :0], room) for layer in self.cache.layers
+        ]
+        attention = self.attention.new_zeros((len(group), 0))
+        return RowCache(cache, attention, self.next_pos[group], keys, ids, self.logits[group], prefix=prefix, group=group)
+
+    def rows(self) -> PrefixRows | None:
+        """What the attention needs of the shared prompts (None: there are none)."""
+        return None if self.prefix is None else PrefixRows.of(self.prefix, self.group)
 
     @classmethod
     def run(
@@ -176,7 +210,7 @@ class RowCache:
         """A cache of `prompts` (with the pictures each shows) run left-padded from nothing, one row each."""
         ids, attention, positions = left_padded(prompts, pad_id, device)  # [U, W] each
         counts["prefill"] += int(attention.sum())
-        logits, cache = forward(ids, attention, positions, None, shown)
+        logits, cache = forward(ids, attention, positions, None, shown, None)
         return cls(cache, attention, attention.sum(-1), list(range(len(prompts))), prompts, logits)
 
     @classmethod
@@ -186,8 +220,15 @@ class RowCache:
         """A cache whose row i is a copy of row picks[i] = (piece, row) of `pieces`, holding only
         its real columns (right-aligned), in buffers with `room` columns to grow into; row i is
         episode keys[i] with cached ids ids[i]. Pieces that decoding split apart are joined
-        again here (pieces no pick names may be None: already released)."""
+        again here (pieces no pick names may be None: already released). Rows that share
+        prompts keep them shared: the prompts of every piece, joined into one prefix."""
         device = pieces[picks[0][0]].attention.device
+        prefixes: list[SharedPrefix] = []  # the pieces' prompts, each once, in order
+        for p in dict.fromkeys(p for p, _ in picks):
+            if pieces[p].prefix is not None and not any(pieces[p].prefix is known for known in prefixes):
+                prefixes.append(pieces[p].prefix)
+        if prefixes and any(pieces[p].prefix is None for p, _ in picks):
+            raise ValueError("RowCache.gather: rows with a shared prompt and rows without cannot share a cache")
         width = max(int(pieces[p].attention[r].sum()) for p, r in picks)
         layers = [[[], []] for _ in pieces[picks[0][0]].cache.layers]
         order: list[int] = []  # output row of each gathered row, piece by piece
@@ -208,7 +249,14 @@ class RowCache:
         attention = (torch.arange(width, device=device)[None, :] >= (width - real)[:, None]).long()  # [B, W]
         next_pos = torch.stack([pieces[p].next_pos[r] for p, r in picks])
         logits = torch.stack([pieces[p].logits[r] for p, r in picks])
-        return cls(cache, attention, next_pos, keys, ids, logits)
+        if not prefixes:
+            return cls(cache, attention, next_pos, keys, ids, logits)
+        offsets = [0]
+        for known in prefixes:
+            offsets.append(offsets[-1] + known.attention.shape[0])
+        start = {id(known): offset for known, offset in zip(prefixes, offsets)}
+        group = torch.stack([pieces[p].group[r] + start[id(pieces[p].prefix)] for p, r in picks])
+        return cls(cache, attention, next_pos, keys, ids, logits, prefix=SharedPrefix.joined(prefixes), group=group)
 
     def take(self, rows: list[int], room: int) -> RowCache:
         """The cache of these rows alone (columns as they are), mid-turn included, with `room`
@@ -218,16 +266,20 @@ class RowCache:
         cache.layers = [GrowingLayer(layer.keys[index], layer.values[index], room) for layer in self.cache.layers]
         return RowCache(
             cache, self.attention[index], self.next_pos[index], [self.keys[r] for r in rows], [self.ids[r] for r in rows],
-            self.logits[index], [token[index] for token in self.fed],
+            self.logits[index], [token[index] for token in self.fed], self.prefix, None if self.group is None else self.group[index],
         )
 
     def nbytes(self) -> int:
-        """Bytes the cache's buffers hold (spare room included)."""
-        return sum(
+        """Bytes the cache's buffers hold (spare room included), and of the shared prompts
+        the share of those its rows use (pieces of one batch's rows together count them once)."""
+        own = sum(
             buffer.numel() * buffer.element_size()
             for layer in self.cache.layers
             for buffer in ((layer._keys, layer._values) if isinstance(layer, GrowingLayer) else (layer.keys, layer.values))
         )
+        if self.prefix is None:
+            return own
+        return own + self.prefix.nbytes() * len(set(self.group.tolist())) // self.prefix.attention.shape[0]
 
     def extends(self, key: int, ids: list[int]) -> int | None:
         """The row whose cached ids `ids` continue (same episode `key`, a strict prefix), else None."""
@@ -245,7 +297,7 @@ class RowCache:
         counts["prefill"] += sum(map(len, added))
         self.attention = torch.cat([self.attention, block_attention], dim=-1)
         pictures = shown if shown is not None else [()] * len(added)
-        self.logits, self.cache = forward(block, self.attention, self.next_pos[:, None] + offsets, self.cache, pictures)
+        self.logits, self.cache = forward(block, self.attention, self.next_pos[:, None] + offsets, self.cache, pictures, self.rows())
         self.next_pos = self.next_pos + block_attention.sum(-1)
         self.ids = [ids + new for ids, new in zip(self.ids, added)]
 
@@ -256,7 +308,7 @@ class RowCache:
         self.attention = torch.cat([self.attention, column], dim=-1)
         positions = self.next_pos[:, None] + len(self.fed)  # [B, 1]
         self.fed.append(token)
-        self.logits, self.cache = forward(token[:, None], self.attention, positions, self.cache, [()] * token.shape[0])
+        self.logits, self.cache = forward(token[:, None], self.attention, positions, self.cache, [()] * token.shape[0], self.rows())
         return self.logits
 
     def settle(self, kept: list[int]) -> None:
