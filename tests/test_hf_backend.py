@@ -216,7 +216,9 @@ class Kept(FoldedHFBackend):
     """The folded sampler, recording the most cache it keeps for a next turn and the prompts a
     batch's rows share."""
 
-    most_kept, prompts = 0, []
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.most_kept, self.prompts = 0, []
 
     def _generate(self, requests: list[GenRequest]):
         out = super()._generate(requests)

@@ -56,7 +56,8 @@ def test_shared_prompt_attention_is_one_softmax_over_prompt_and_own_columns(step
 
 
 def test_rows_know_their_place_among_their_prompts_rows():
-    rows = PrefixRows.of(SharedPrefix((), (), torch.ones(3, 1)), GROUP)
+    prefix, *_ = _case(torch.float32, 1)
+    rows = PrefixRows.of(prefix, GROUP)
     assert rows.slot.tolist() == [0, 1, 0, 0, 1, 2, 1] and rows.slots == 3
 
 

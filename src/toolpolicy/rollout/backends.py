@@ -223,26 +223,17 @@ class HFBackend:
         one gets this turn (its ids and new tokens), fits in half of `cache_bytes`; a request
         too long for it runs alone."""
         batches: list[list[int]] = []
-        widest = 0
+        held = Held()
         for i in range(len(requests)) if items is None else items:
-            positions = len(requests[i].ids) + requests[i].max_new_tokens
-            wider = max(widest, positions)
+            grown = held.plus(requests[i], self.share)
             fits = bool(batches) and len(batches[-1]) < self.max_batch
-            if fits and self._positions(requests, batches[-1] + [i], wider) * self.position_bytes <= self.cache_bytes // 2:
+            if fits and grown.positions(self.share) * self.position_bytes <= self.cache_bytes // 2:
                 batches[-1].append(i)
-                widest = wider
+                held = grown
             else:
                 batches.append([i])
-                widest = positions
+                held = Held().plus(requests[i], self.share)
         return batches
-
-    def _positions(self, requests: list[GenRequest], batch: list[int], widest: int) -> int:
-        """Cache positions a batch takes: every row as wide as the widest, or with `share`
-        each distinct ids once (a group's prompt) and every row its new tokens."""
-        if not self.share:
-            return len(batch) * widest
-        distinct = {tuple(requests[i].ids): len(requests[i].ids) for i in batch}
-        return len(distinct) * max(distinct.values()) + len(batch) * max(requests[i].max_new_tokens for i in batch)
 
     def _sample(self, logits: torch.Tensor, streams: list[torch.Generator] | None, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row and its log-probability under the sampling distribution.
@@ -316,6 +307,28 @@ class HFBackend:
         return results
 
 
+@dataclass(frozen=True)
+class Held:
+    """What the cache of a batch being cut holds: its rows, the widest one (its ids and new
+    tokens), and with `share` its distinct prompts, the longest of them and the most new tokens."""
+
+    rows: int = 0
+    widest: int = 0
+    prompts: frozenset[tuple[int, ...]] = frozenset()
+    longest: int = 0
+    most_new: int = 0
+
+    def plus(self, request: GenRequest, share: bool) -> Held:
+        ids, new = request.ids, request.max_new_tokens
+        prompts = self.prompts | {tuple(ids)} if share else self.prompts
+        return Held(self.rows + 1, max(self.widest, len(ids) + new), prompts, max(self.longest, len(ids)), max(self.most_new, new))
+
+    def positions(self, share: bool) -> int:
+        """Cache positions: every row as wide as the widest, or with `share` each distinct
+        prompt once (left-padded to the longest) and every row room for its new tokens."""
+        return len(self.prompts) * self.longest + self.rows * self.most_new if share else self.rows * self.widest
+
+
 class FoldedHFBackend(HFBackend):
     """HFBackend sampling from a copy of the policy made for sampling (`sampling_copy`): its
     LoRA adapter folded into the weights (one product a projection instead of three) and
@@ -335,11 +348,11 @@ class FoldedHFBackend(HFBackend):
     capabilities = Capabilities(request_seeds=True, exact_logprobs=False, in_process=True)
 
     def __init__(self, model: torch.nn.Module, *args, vision: VisionInput | None = None, **kwargs) -> None:
-        copy_ = sampling_copy(model)
-        share = vision is None and shares_prefixes(copy_)
+        sampler = sampling_copy(model)
+        share = vision is None and shares_prefixes(sampler)
         if share:
-            register(copy_)
-        super().__init__(copy_, *args, vision=vision, **kwargs)
+            register(sampler)
+        super().__init__(sampler, *args, vision=vision, **kwargs)
         self.share = share
 
     def sync(self, model: torch.nn.Module) -> None:

@@ -223,10 +223,7 @@ class RowCache:
         again here (pieces no pick names may be None: already released). Rows that share
         prompts keep them shared: the prompts of every piece, joined into one prefix."""
         device = pieces[picks[0][0]].attention.device
-        prefixes: list[SharedPrefix] = []  # the pieces' prompts, each once, in order
-        for p in dict.fromkeys(p for p, _ in picks):
-            if pieces[p].prefix is not None and not any(pieces[p].prefix is known for known in prefixes):
-                prefixes.append(pieces[p].prefix)
+        prefixes = {id(pieces[p].prefix): pieces[p].prefix for p, _ in picks if pieces[p].prefix is not None}  # each once, in order
         if prefixes and any(pieces[p].prefix is None for p, _ in picks):
             raise ValueError("RowCache.gather: rows with a shared prompt and rows without cannot share a cache")
         width = max(int(pieces[p].attention[r].sum()) for p, r in picks)
@@ -251,12 +248,11 @@ class RowCache:
         logits = torch.stack([pieces[p].logits[r] for p, r in picks])
         if not prefixes:
             return cls(cache, attention, next_pos, keys, ids, logits)
-        offsets = [0]
-        for known in prefixes:
-            offsets.append(offsets[-1] + known.attention.shape[0])
-        start = {id(known): offset for known, offset in zip(prefixes, offsets)}
+        start, offset = {}, 0  # each prefix's first prompt in the joined one
+        for key, known in prefixes.items():
+            start[key], offset = offset, offset + known.attention.shape[0]
         group = torch.stack([pieces[p].group[r] + start[id(pieces[p].prefix)] for p, r in picks])
-        return cls(cache, attention, next_pos, keys, ids, logits, prefix=SharedPrefix.joined(prefixes), group=group)
+        return cls(cache, attention, next_pos, keys, ids, logits, prefix=SharedPrefix.joined(list(prefixes.values())), group=group)
 
     def take(self, rows: list[int], room: int) -> RowCache:
         """The cache of these rows alone (columns as they are), mid-turn included, with `room`

@@ -70,6 +70,7 @@ class PrefixRows:
     """What the attention needs to know of a batch's rows: their prompts, and which is whose.
 
     group: [B] the prompt of each row; slot: [B] its place among the rows of that prompt
+    mask:  [G, 1, 1, P] the prompts' padding as the 0 / -inf added to the scores (every layer's)
     """
 
     prefix: SharedPrefix
@@ -77,6 +78,7 @@ class PrefixRows:
     slot: torch.Tensor
     slots: int
     """The most rows any prompt has."""
+    mask: torch.Tensor
 
     @staticmethod
     def of(prefix: SharedPrefix, group: torch.Tensor) -> PrefixRows:
@@ -84,7 +86,8 @@ class PrefixRows:
         starts = torch.searchsorted(group[order], group[order], right=False)  # [B] first sorted row of each row's prompt
         slot = torch.empty_like(group)
         slot[order] = torch.arange(len(group), device=group.device) - starts
-        return PrefixRows(prefix, group, slot, int(slot.max()) + 1 if len(group) else 0)
+        mask = _additive(prefix.attention.bool()[:, None, None, :], prefix.keys[0].dtype)
+        return PrefixRows(prefix, group, slot, int(slot.max()) + 1 if len(group) else 0, mask)
 
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -136,8 +139,7 @@ def shared_prefix_attention(
     stacked = grouped.new_zeros(prompts, rows.slots, kv_heads, repeat * steps, dim)
     stacked[rows.group, rows.slot] = grouped
     stacked = stacked.transpose(1, 2).reshape(prompts, kv_heads, rows.slots * repeat * steps, dim)
-    prompt_mask = _additive(rows.prefix.attention.bool()[:, None, None, :], query.dtype)  # [G, 1, 1, P]
-    out_p, lse_p = _flash(stacked, rows.prefix.keys[layer], rows.prefix.values[layer], 0.0, False, attn_mask=prompt_mask, scale=scaling)
+    out_p, lse_p = _flash(stacked, rows.prefix.keys[layer], rows.prefix.values[layer], 0.0, False, attn_mask=rows.mask, scale=scaling)
     out_p = out_p.reshape(prompts, kv_heads, rows.slots, repeat * steps, dim).transpose(1, 2)[rows.group, rows.slot]
     lse_p = lse_p.reshape(prompts, kv_heads, rows.slots, repeat * steps).transpose(1, 2)[rows.group, rows.slot]
     # The row's own part; a query with none of its own columns (left padding) weighs it 0.
