@@ -2,7 +2,13 @@
 
 Timing is `PythonSandbox.run` as a caller sees it: the request to a warm worker, the
 code sent to the call's child (forked and confined while the worker was idle), the
-code itself, the kill and reap of the call's processes, and the reply. Rows:
+code itself, the kill and reap of the call's processes, and the reply. Where the CPU
+limit holds per call (`Isolation.cpu`), a call also reads its cgroup's CPU time at its
+start and end and kills and waits for the cgroup (about 0.1 ms), and the next child is
+forked into the cgroup after the reply (two cgroup moves: about 0.07 ms when calls follow
+each other, but 10 to 20 ms of the worker's time, an RCU grace period of the kernel's,
+once the worker has been idle for 100 ms; a call that arrives on the same worker within
+that time waits for it). Rows:
 - print: `print(1 + 1)`, back to back, the floor of a call; the worker is still
   preparing the next child (a fresh tmpfs, a fork) when the next request arrives;
 - print, 20 ms apart: the same with a pause between calls, as when a model generates

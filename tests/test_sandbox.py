@@ -8,6 +8,7 @@ and says why (`PythonSandbox.isolation`); it never passes without checking.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from typing import Any
 import pytest
 
 from toolpolicy.tools import PythonSandbox, SandboxLimits, ToolSet
-from toolpolicy.tools.sandbox import Isolation, SandboxRun, classify, read_report
+from toolpolicy.tools import sandbox as sandbox_module
+from toolpolicy.tools.sandbox import Isolation, SandboxRun, classify, own_cgroup_folder, read_report
 from toolpolicy.tools.sandbox_worker import (
     ALLOWED_SYSCALLS, ARCHITECTURES, MESSAGE_QUEUE_SYSCALLS, SYSCALL_NUMBERS, assemble, judge_status, syscall_filter,
 )
@@ -203,12 +205,13 @@ def test_the_program_ends_when_its_threads_do(sandbox: PythonSandbox) -> None:
 # ---------------------------------------------------------------- containment
 
 
-def test_infinite_loop_hits_the_cpu_limit(sandbox: PythonSandbox) -> None:
-    run, seconds = run_timed(sandbox, "while True:\n    pass")
+def test_infinite_loop_hits_the_cpu_limit(metered: PythonSandbox) -> None:
+    """On a wall clock long enough for 1 s of CPU on a loaded machine (3 s was not, at a load of 13 on 2 CPUs)."""
+    run, seconds = run_timed(metered, "while True:\n    pass")
     assert run.status == "cpu" and run.error == "tool_error"
-    assert run.observation() == "CPU time limit of 1 s exceeded; the process was killed."
-    assert seconds < LIMITS.wall_seconds + MARGIN
-    assert_nothing_left(sandbox)
+    assert run.observation() == "CPU time limit of 1 s exceeded by the call's processes together; all of them were killed."
+    assert seconds < metered.limits.wall_seconds + MARGIN
+    assert_nothing_left(metered)
 
 
 def test_wall_clock_timeout_kills_the_call_and_its_children(sandbox: PythonSandbox) -> None:
@@ -654,6 +657,152 @@ def test_code_runs_without_privileges(sandbox: PythonSandbox) -> None:
     assert refusal in (f"refused {errno.EPERM}", f"refused {errno.EINVAL}")  # EINVAL: uid 1 is not mapped
 
 
+# ---------------------------------------------------------------- the CPU limit holds per call
+
+# Each program spreads its CPU time over several processes or threads, none of which passes
+# the limit alone (RLIMIT_CPU, per process, stops none of them), and its main process waits
+# until they are done (or dead), then says so: however loaded the machine, the call as a
+# whole has used more than its second by then.
+SPIN = "def spin(seconds):\n    start = time.thread_time()\n    while time.thread_time() - start < seconds:\n        pass\n"
+# The main process's end of a pipe every other process holds: reading it returns when all are gone.
+WAIT_FOR_ALL = "os.close(write)\nos.read(read, 1)\nprint('all done')\n"
+CPU_SHAPES = {
+    "fork bomb within the process limit": (
+        "import os, time\n" + SPIN +
+        "for _ in range(8):\n    try:\n        child = os.fork()\n    except OSError:\n        break\n"  # nobody's processes are shared
+        "    if child == 0:\n        spin(0.9)\n        os._exit(0)\n"
+        "while True:\n    try:\n        os.wait()\n    except ChildProcessError:\n        break\n"
+        "print('all done')\n"
+    ),
+    "threads in children": (
+        "import os, threading, time\n" + SPIN +
+        "for _ in range(2):\n    if os.fork() == 0:\n"
+        "        threads = [threading.Thread(target=spin, args=(0.2,)) for _ in range(4)]\n"
+        "        [thread.start() for thread in threads]\n        [thread.join() for thread in threads]\n        os._exit(0)\n"
+        "while True:\n    try:\n        os.wait()\n    except ChildProcessError:\n        break\n"
+        "print('all done')\n"
+    ),
+    "double-forked daemon": (
+        "import os, time\n" + SPIN + "read, write = os.pipe()\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        spin(0.9)\n        spin(0.9)\n    os._exit(0)\n"
+        + WAIT_FOR_ALL
+    ),
+    "busy children that exit unreaped": (
+        "import os, signal, time\n" + SPIN + "read, write = os.pipe()\n"
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"  # the kernel reaps them and drops their CPU time
+        "for _ in range(4):\n    if os.fork() == 0:\n        spin(0.6)\n        os._exit(0)\n"
+        + WAIT_FOR_ALL
+    ),
+    "a child that ignores SIGTERM and SIGXCPU": (
+        "import os, signal, time\n" + SPIN +
+        "child = os.fork()\n"
+        "if child == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    signal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+        "    spin(1.8)\n    os._exit(0)\n"
+        "spin(0.5)\nos.waitpid(child, 0)\nprint('all done')\n"
+    ),
+    "multiprocessing pool": (
+        "import multiprocessing, time\n" + SPIN +
+        "if __name__ == '__main__':\n    with multiprocessing.Pool(4) as pool:\n        pool.map(spin, [0.3] * 8)\n"
+        "    print('all done')\n"
+    ),
+    "shell pipeline": "import subprocess\nprint(subprocess.run('yes | sha256sum', shell=True, capture_output=True, text=True).stdout, 'all done')\n",
+}
+
+
+@pytest.fixture(scope="module")
+def metered() -> Iterator[PythonSandbox]:
+    """One worker, 1 s of CPU for a call and a wall clock that would let it use many, on a loaded machine too."""
+    with PythonSandbox(SandboxLimits(cpu_seconds=1, wall_seconds=15.0, memory_mb=256, max_processes=16, workers=1)) as box:
+        yield box
+
+
+@pytest.mark.parametrize("name", list(CPU_SHAPES))
+def test_the_cpu_limit_counts_every_process_of_a_call(metered: PythonSandbox, name: str) -> None:
+    """The call is stopped once its processes and threads together used its second, and reports
+    what they used; a limit per process let each of these run on (reported "ok", or a fraction)."""
+    require(metered, "cpu")
+    run = metered.run(CPU_SHAPES[name])
+    assert (run.status, run.error) == ("cpu", "tool_error"), run
+    assert "all done" not in run.output
+    assert run.observation().endswith("CPU time limit of 1 s exceeded by the call's processes together; all of them were killed.")
+    # stopped at the limit: the CPUs can overrun it by one reading's interval each, and a kill in flight
+    assert 1.0 <= run.cpu_seconds < 1.0 + 0.3, run.cpu_seconds
+    assert_nothing_left(metered)
+    assert metered.run("print('next')").output == "next\n"
+
+
+def test_a_call_reports_the_cpu_of_processes_it_never_waited_for(metered: PythonSandbox) -> None:
+    """Children the kernel reaped for the call (SIGCHLD ignored) and a daemon it left: their CPU time is the call's."""
+    require(metered, "cpu")
+    code = (
+        "import os, signal, time\n" + SPIN + "read, write = os.pipe()\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+        "for _ in range(2):\n    if os.fork() == 0:\n        spin(0.2)\n        os._exit(0)\n"
+        "os.close(write)\nos.read(read, 1)\nprint('done')\n"
+    )
+    run = metered.run(code)
+    assert (run.status, run.output) == ("ok", "done\n"), run
+    assert 0.4 <= run.cpu_seconds < 1.0, run.cpu_seconds
+
+
+def test_no_process_of_a_call_outlives_it_without_namespaces() -> None:
+    """Without a PID namespace, a process that leaves the call's session and process group is still
+    in the call's cgroup, and dies with the call."""
+    if not (os.geteuid() == 0 and cgroup_here()):
+        pytest.skip("the calls' cgroup needs root or a delegated cgroup v2 here")
+    with PythonSandbox(SandboxLimits(cpu_seconds=1, wall_seconds=3.0, workers=1), isolate=False) as box:
+        assert box.isolation.cpu, box.isolation.note
+        code = (
+            "import os\n"
+            "child = os.fork()\n"
+            "if child == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '1000.625'])\n    os._exit(0)\n"
+            "os.waitpid(child, 0)\n"  # the daemon has been started
+            "print('parent done')\n"
+        )
+        run = box.run(code)
+        assert (run.status, run.output) == ("ok", "parent done\n")
+        deadline = time.monotonic() + 2.0
+        while any("1000.625" in command for _, _, command in processes().values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert_nothing_left(box, marker="1000.625")
+
+
+def test_a_sandbox_that_cannot_count_a_calls_cpu_does_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no cgroup can be made for the calls, the sandbox refuses to start unless told that a
+    limit per process will do; then `isolation` says so."""
+    monkeypatch.setattr(sandbox_module, "make_worker_cgroup", lambda: (None, "no cgroup for this test"))
+    with pytest.raises(RuntimeError, match="no cgroup for this test.*cpu_per_process=True"):
+        PythonSandbox(SandboxLimits(workers=1))
+    with PythonSandbox(SandboxLimits(cpu_seconds=1, wall_seconds=15.0, workers=1), cpu_per_process=True) as box:
+        assert not box.isolation.cpu and "no cgroup for this test" in box.isolation.note
+        run = box.run("while True:\n    pass")
+        assert run.observation() == "CPU time limit of 1 s exceeded; the process was killed."
+
+
+def test_an_unprivileged_sandbox_without_a_delegated_cgroup_does_not_start() -> None:
+    """As uid 65534 in root's cgroup, no cgroup can be made for the calls: the sandbox says so and
+    does not start, unless a limit per process is accepted."""
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not cgroup_here():
+        pytest.skip("needs root, setpriv and a cgroup v2 to start a sandbox as another user in root's cgroup")
+    python = python_for_nobody()
+    if python is None:
+        pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} that uid {NOBODY} can run")
+    source = str(Path(__file__).parents[1] / "src")
+    site = next(path for path in sys.path if path.endswith("site-packages"))
+    script = (
+        "import sys\nfrom toolpolicy.tools import PythonSandbox, SandboxLimits\n"
+        "try:\n    PythonSandbox(SandboxLimits(workers=1)).close()\n    print('STARTED')\n"
+        "except RuntimeError as error:\n    print(error)\n"
+        "with PythonSandbox(SandboxLimits(workers=1), cpu_per_process=True) as box:\n    print(box.isolation.cpu)\n"
+    )
+    command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", script]
+    environment = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{source}:{site}", "LANG": "C.UTF-8"}
+    done = subprocess.run(command, capture_output=True, text=True, cwd="/", env=environment, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    refusal, accepted = done.stdout.splitlines()
+    assert "could not start" in refusal and "no cgroup can be made for the calls" in refusal and "cpu_per_process=True" in refusal
+    assert accepted == "False"
+
+
 # ---------------------------------------------------------------- warm workers
 
 
@@ -895,12 +1044,14 @@ def test_isolation_is_complete_where_the_kernel_allows_it(sandbox: PythonSandbox
 def test_without_namespaces_limits_and_a_clean_environment_remain() -> None:
     os.environ[SECRET_NAME] = SECRET
     try:
-        box = PythonSandbox(SandboxLimits(cpu_seconds=1, wall_seconds=2.0, memory_mb=128, workers=1), isolate=False)
+        limits = SandboxLimits(cpu_seconds=1, wall_seconds=2.0, memory_mb=128, workers=1)
+        box = PythonSandbox(limits, isolate=False, cpu_per_process=os.geteuid() != 0 or not cgroup_here())
     finally:
         os.environ.pop(SECRET_NAME, None)
     with box:
         linux = sys.platform.startswith("linux")
-        assert box.isolation == Isolation("none", False, False, False, os.geteuid() == 0, syscalls=linux)
+        root = os.geteuid() == 0
+        assert box.isolation == Isolation("none", False, False, False, root, syscalls=linux, cpu=root and cgroup_here(), note="")
         environment = box.run("import os; print(sorted(os.environ), os.getcwd())")
         assert SECRET_NAME not in environment.output and "/toolpolicy-sandbox-" in environment.output
         folder = environment.output.split()[-1]
@@ -939,6 +1090,39 @@ def python_for_nobody() -> str | None:
     return None
 
 
+def cgroup_here() -> bool:
+    """Whether this process's cgroup v2 is mounted (as it must be for a call's CPU to be counted per call)."""
+    try:
+        return own_cgroup_folder(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()) is not None
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def delegated_cgroup(uid: int | None) -> Iterator[Callable[[], None] | None]:
+    """A cgroup of this process's, delegated to `uid` as systemd's Delegate=yes does (the folder and
+    its cgroup.procs, cgroup.threads and cgroup.subtree_control chowned), and the function that moves
+    a starting child into it (a preexec_fn); None for `uid` None or where there is no cgroup v2."""
+    parent = own_cgroup_folder(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()) if cgroup_here() else None
+    if uid is None or parent is None:
+        yield None
+        return
+    folder = Path(parent) / f"toolpolicy-test-delegated-{os.getpid()}-{time.monotonic_ns()}"
+    folder.mkdir()
+    try:
+        for path in (folder, folder / "cgroup.procs", folder / "cgroup.threads", folder / "cgroup.subtree_control"):
+            os.chown(path, uid, uid)
+        procs = str(folder / "cgroup.procs")
+        yield lambda: Path(procs).write_text("0")
+    finally:
+        for _ in range(200):  # the sandbox inside removed its own folders; the processes may still be exiting
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.01)
+
+
 def run_batch(mode: str, codes: dict[str, str]) -> dict[str, Any]:
     """Run `codes` on a one-worker sandbox started in another process, as root for "root" or as
     nobody for "user-namespace", each followed by a call that must still work; skip where the mode is not given.
@@ -951,12 +1135,14 @@ def run_batch(mode: str, codes: dict[str, str]) -> dict[str, Any]:
     if os.geteuid() != 0 and mode == "root":
         pytest.skip("the root mode needs root")
     command = [sys.executable, "-c", BATCH_SCRIPT, json.dumps(codes)]
-    if os.geteuid() == 0 and mode == "user-namespace":
+    unprivileged = os.geteuid() == 0 and mode == "user-namespace"
+    if unprivileged:
         python = python_for_nobody() if shutil.which("setpriv") else None
         if python is None:
             pytest.skip(f"no setpriv, or no Python {sys.version_info.major}.{sys.version_info.minor} that uid {NOBODY} can run")
         command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, *command[1:]]
-    done = subprocess.run(command, capture_output=True, text=True, cwd="/", env=environment, timeout=120)
+    with delegated_cgroup(NOBODY if unprivileged else None) as enter:
+        done = subprocess.run(command, capture_output=True, text=True, cwd="/", env=environment, timeout=120, preexec_fn=enter)
     if done.returncode != 0 and "unshare" in done.stderr:
         pytest.skip(f"user namespaces are refused to unprivileged users here: {done.stderr[-300:]}")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -1019,7 +1205,7 @@ def batch(request: pytest.FixtureRequest) -> dict[str, Any]:
 def test_each_mode_isolates_completely(batch: dict[str, Any]) -> None:
     isolation = batch["isolation"]
     assert isolation == {"method": isolation["method"], "network": True, "filesystem": True,
-                         "processes": True, "user": True, "syscalls": True, "note": ""}  # fmt: skip
+                         "processes": True, "user": True, "syscalls": True, "cpu": True, "note": ""}  # fmt: skip
     network, writing, processes = batch["runs"]["probe"]["output"].splitlines()
     assert (network, writing) == (f"refused {errno.ENETUNREACH}", f"refused {errno.EROFS}")
     uid, pid, pids = processes.split(" ", 2)

@@ -34,14 +34,14 @@ What a call gets on each platform; `PythonSandbox.isolation` says which column a
                                         supplementary groups,     memory of the caller's
                                         which it cannot drop      other processes
                                         (`note` names them)
-  processes   a PID namespace of its own per call, nested in      own session; its process
-              the worker's, and a read-only /proc of it: host     group is killed at the end
-              processes and the worker are invisible and cannot   (a process that calls
-              be named (no signal, prlimit or pidfd of the call   setsid escapes; the wall
-              reaches the worker); at the end every process of    clock does not reach it)
-              the call is killed (kill(-1) from the worker, and
-              the end of the call's namespace), even ones that
-              left its session
+  processes   a PID namespace of its own per call, nested in      own session; at the end every
+              the worker's, and a read-only /proc of it: host     process of the call's cgroup
+              processes and the worker are invisible and cannot   is killed (as root: even one
+              be named (no signal, prlimit or pidfd of the call   that called setsid); without
+              reaches the worker); at the end every process of    the cgroup, its process group
+              the call is killed (kill(-1) from the worker, its   (a process that calls setsid
+              cgroup.kill, and the end of the call's namespace),  escapes)
+              even ones that left its session
   IPC         an IPC namespace of its own per call: System V      the host's; System V IPC
               objects and POSIX queues die with the call (the     and mq_open are denied by
               filter denies System V IPC anyway)                  the filter (on Linux)
@@ -53,6 +53,12 @@ What a call gets on each platform; `PythonSandbox.isolation` says which column a
   limit       nobody: one budget with   worker's namespace only   otherwise not set: only
               every other process of                              the wall clock bounds a
               nobody (concurrent calls)                           fork bomb
+
+  CPU limit   per call: one cgroup v2 holds every process and     as root: as the first column;
+              thread of the call from birth, the call is stopped  otherwise per process only
+              when their CPU time together passes cpu_seconds     (RLIMIT_CPU), and only with
+              (`Isolation.cpu`); the user-namespace column needs  cpu_per_process=True
+              a cgroup delegated to the caller
 
 On every platform: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE and no core dumps (macOS does
 not enforce RLIMIT_AS), with one malloc arena (glibc's further arenas reserve 64 MB of
@@ -104,6 +110,22 @@ CPU time and the wall clock are reported differently on purpose. A busy loop hit
 the CPU limit first (`cpu_seconds` < `wall_seconds`): that is the code's fault, a
 "tool_error". A wall-clock timeout means the code waited (sleep, a blocked read) or
 the machine was too loaded to run it: status "timeout", still the code's tool_error.
+
+The CPU limit is the call's, not a process's (`Isolation.cpu`). The host makes a cgroup
+folder per worker in its own cgroup v2 (`make_worker_cgroup`); the worker forks each
+call's first process into the calls' cgroup there (`sandbox_worker.CallCgroup`), so the
+kernel counts every process and thread the call starts, however it detached, and keeps
+counting those that exited, however they were reaped. The worker reads that total when
+the call could first have passed its limit (`sandbox_worker.next_cpu_check`), kills
+every process of the cgroup once it has, and reports the total as `cpu_seconds`; a call
+that used its limit is status "cpu" however it ended. A reading that fails ends the call
+as an infra error. RLIMIT_CPU stays on each process as a second bound, a second past the
+call's limit (it fires a few ms early by the cgroup's clock, so the call's limit decides). Where no cgroup
+can be made (macOS, a user without a delegated cgroup) or a call could leave it (the
+"none" column without root), `PythonSandbox` refuses to start unless `cpu_per_process`
+accepts the per-process limit. Not covered: CPU time the kernel spends for a call
+outside its processes (kernel threads, interrupts); a call may overrun its limit by up
+to MIN_CPU_CHECK_SECONDS (10 ms) per CPU of the machine before it is stopped.
 """
 
 from __future__ import annotations
@@ -112,6 +134,7 @@ import errno
 import json
 import os
 import queue
+import re
 import select
 import signal
 import subprocess
@@ -124,7 +147,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from toolpolicy.tools.decorator import Tool, tool
-from toolpolicy.tools.sandbox_worker import remove_folder, valid_exception
+from toolpolicy.tools.sandbox_worker import CALL_CGROUP, WORKER_CGROUP, remove_folder, valid_exception
 from toolpolicy.types import ErrorKind, ToolResult
 
 WORKER_FILE = Path(__file__).with_name("sandbox_worker.py")
@@ -153,7 +176,9 @@ class SandboxLimits:
     """What one call may use, and how many calls may run at once."""
 
     cpu_seconds: int = 5
-    """CPU time of the call's process (RLIMIT_CPU); past it the process is killed with SIGXCPU."""
+    """CPU time of the call: every process and thread it starts, together (`Isolation.cpu`); past it
+    every process of the call is killed. Each process is also held to it plus 1 s alone (RLIMIT_CPU),
+    or to it exactly where the limit is per process only."""
     wall_seconds: float = 10.0
     """Wall-clock deadline of a call; at it every process of the call is killed."""
     memory_mb: int = 256
@@ -194,6 +219,12 @@ class Isolation:
     syscalls: bool = False
     """A seccomp filter denies what a program has no use for: new namespaces, mounts, ptrace, keyrings,
     System V IPC, bpf, perf, kernel modules... (EPERM, an ordinary error)."""
+    cpu: bool = False
+    """The CPU limit holds per call: every process and thread a call starts is born in one cgroup that
+    none of them can leave, the call is stopped when their CPU time together passes `cpu_seconds`, and
+    `SandboxRun.cpu_seconds` is that total. Without it (`note` says why) the limit is RLIMIT_CPU per
+    process only, which a call with several processes defeats; the sandbox then starts only when asked
+    to with `cpu_per_process=True`."""
     note: str = ""
     """What the isolation lacks here, in words: why namespaces or the filter were unavailable,
     or the supplementary groups a user namespace keeps."""
@@ -213,6 +244,8 @@ class SandboxRun:
     exit_code: int | None = None
     signal: int | None = None
     cpu_seconds: float = 0.0
+    """CPU time every process and thread of the call used together (`Isolation.cpu`); without a
+    cgroup, that of the call's process and of the children it waited for."""
     wall_seconds: float = 0.0
 
     @property
@@ -245,11 +278,15 @@ class PythonSandbox:
     '42\\n'
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, isolate: bool = True, name: str = "python") -> None:
+    def __init__(self, limits: SandboxLimits | None = None, isolate: bool = True, name: str = "python",
+                 cpu_per_process: bool = False) -> None:  # fmt: skip
         """Start `limits.workers` workers and wait until each has isolated itself.
 
         `isolate=False` skips the namespaces (the "none" row), e.g. to compare.
-        Raises RuntimeError if a worker cannot start.
+        Raises RuntimeError if a worker cannot start, or if a call's CPU time cannot be
+        counted across its processes here (`Isolation.cpu`: no cgroup v2 to make one in,
+        as on macOS or for a user without a delegated cgroup) unless `cpu_per_process`
+        accepts a CPU limit per process instead.
         """
         self.limits = limits or SandboxLimits()
         self._config = {"isolate": isolate, **asdict(self.limits)}
@@ -263,7 +300,13 @@ class PythonSandbox:
         except WorkerError as error:
             self.close()
             raise RuntimeError(f"the Python sandbox could not start: {error}") from error
-        self.isolation = min(isolations, key=lambda each: (each.network, each.filesystem, each.processes, each.syscalls))
+        self.isolation = min(isolations, key=lambda each: (each.network, each.filesystem, each.processes, each.syscalls, each.cpu))
+        if not self.isolation.cpu and not cpu_per_process:
+            self.close()
+            raise RuntimeError(
+                f"the Python sandbox could not start: a call's CPU time cannot be counted across its processes here "
+                f"({self.isolation.note}); PythonSandbox(cpu_per_process=True) accepts a CPU limit per process"
+            )
         for worker in started:
             self._idle.put(worker)
         self.tool: Tool = self._make_tool(name)
@@ -362,10 +405,12 @@ class Worker:
 
     def __init__(self, config: dict[str, Any]) -> None:
         # Working folders go here when the worker cannot mount a tmpfs; removed with the
-        # worker, also when it was killed before it could clean up.
+        # worker, also when it was killed before it could clean up. So is its cgroup folder.
         self.scratch = tempfile.mkdtemp(prefix="toolpolicy-sandbox-")
         os.chmod(self.scratch, 0o711)  # a call running as nobody must reach its folder inside
-        command = [sys.executable, "-I", str(WORKER_FILE), json.dumps({**config, "scratch": self.scratch})]
+        self.cgroup, refusal = make_worker_cgroup()
+        config = {**config, "scratch": self.scratch, "cgroup": self.cgroup, "cgroup_refusal": refusal}
+        command = [sys.executable, "-I", str(WORKER_FILE), json.dumps(config)]
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -464,6 +509,98 @@ class Worker:
         if self.process.stdout is not None:
             self.process.stdout.close()
         remove_folder(self.scratch)
+        if self.cgroup is not None:
+            remove_cgroup(self.cgroup)
+
+
+def make_worker_cgroup() -> tuple[str | None, str]:
+    """A cgroup folder for one worker, in this process's own cgroup v2: (path, "") or (None, why not).
+
+    It holds two cgroups, the worker's and its calls' (`sandbox_worker.CallCgroup`),
+    and no controller is enabled in it, so nothing of the host's limits changes. Making
+    one needs the right to create a cgroup here: root, or a cgroup delegated to this
+    user (systemd's Delegate=yes).
+    """
+    try:
+        parent = own_cgroup_folder(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
+    except OSError as error:  # no /proc: not Linux
+        return None, f"no cgroup v2 to count a call's CPU time in ({error.strerror})"
+    if parent is None:
+        return None, "no cgroup v2 hierarchy is mounted to count a call's CPU time in"
+    try:
+        folder = tempfile.mkdtemp(prefix="toolpolicy-sandbox-", dir=parent)
+    except OSError as error:
+        return None, f"no cgroup can be made for the calls in {parent} ({error.strerror})"
+    try:
+        for name in (WORKER_CGROUP, CALL_CGROUP):
+            os.mkdir(f"{folder}/{name}")
+    except OSError as error:
+        remove_cgroup(folder)
+        return None, f"no cgroup can be made for the calls in {folder} ({error.strerror})"
+    return folder, ""
+
+
+def own_cgroup_folder(mountinfo: str, proc_cgroup: str) -> str | None:
+    """Where this process's cgroup v2 is on the file system, from /proc/self/mountinfo and /proc/self/cgroup.
+
+    /proc/self/cgroup names the cgroup from the hierarchy's root (the "0::" line); the
+    mount of that hierarchy may show a subtree of it (its root field), so the path is
+    taken relative to that. None when no cgroup2 file system is mounted or this
+    process's cgroup lies outside the mounted subtree.
+
+    >>> info = "30 23 0:26 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\\n"
+    >>> own_cgroup_folder(info, "1:cpu:/\\n0::/user.slice/app\\n")
+    '/sys/fs/cgroup/unified/user.slice/app'
+    >>> own_cgroup_folder("31 1 0:27 /user.slice /mnt/my\\\\040cg rw - cgroup2 none rw\\n", "0::/user.slice/app\\n")
+    '/mnt/my cg/app'
+    >>> own_cgroup_folder("", "0::/\\n") is None  # no cgroup2 mounted
+    True
+    """
+    path = next((line[3:] for line in proc_cgroup.splitlines() if line.startswith("0::")), None)
+    if path is None:
+        return None
+    for line in mountinfo.splitlines():
+        fields, _, filesystem = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or filesystem.split()[:1] != ["cgroup2"]:
+            continue
+        root, mount_point = (_mountinfo_unescape(each) for each in parts[3:5])
+        relative = os.path.relpath(path, root)
+        if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+            continue
+        return os.path.normpath(os.path.join(mount_point, relative))
+    return None
+
+
+def _mountinfo_unescape(field: str) -> str:
+    """A mountinfo path: the kernel writes space, tab, newline and backslash as three octal digits."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), field)
+
+
+def remove_cgroup(folder: str) -> None:
+    """Kill every process left in a worker's cgroup folder and remove it, its two cgroups first.
+
+    A process that outlived its worker (one that left its session in the "none" column)
+    dies here. The kernel removes a process from its cgroup as it exits, so the folders
+    can go once none is alive; what is still busy after SHUTDOWN_SECONDS is left behind.
+    """
+    try:
+        Path(folder, "cgroup.kill").write_text("1")
+    except OSError:  # gone already, or a kernel before 5.14
+        pass
+    deadline = time.monotonic() + SHUTDOWN_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if "populated 0" in Path(folder, "cgroup.events").read_text():
+                break
+        except OSError:
+            break
+        time.sleep(0.005)
+    for path in (f"{folder}/{CALL_CGROUP}", f"{folder}/{WORKER_CGROUP}", folder):
+        try:
+            os.rmdir(path)
+        except OSError:  # not there, or still busy
+            pass
 
 
 def read_report(report: dict[str, Any], limits: SandboxLimits, isolation: Isolation) -> SandboxRun:
@@ -510,7 +647,9 @@ def classify(report: dict[str, Any], limits: SandboxLimits, isolation: Isolation
     if report["timed_out"]:
         killed = "every process it started was killed" if isolation.processes else "its process group was killed"
         return "timeout", f"Timed out after {limits.wall_seconds:g} s wall clock; {killed}."
-    if signal_number == signal.SIGXCPU or (signal_number == signal.SIGKILL and report["cpu_seconds"] >= limits.cpu_seconds):
+    if signal_number == signal.SIGXCPU or report["cpu_seconds"] >= limits.cpu_seconds:
+        if isolation.cpu:
+            return "cpu", f"CPU time limit of {limits.cpu_seconds} s exceeded by the call's processes together; all of them were killed."
         return "cpu", f"CPU time limit of {limits.cpu_seconds} s exceeded; the process was killed."
     if report["tampered"]:
         return "tampered", "The program wrote to the sandbox's status pipe itself, so how it ended is not reported."

@@ -31,6 +31,14 @@ the call (kill(-1) from process 1, which reaches the nested namespaces too, or t
 child's process group without namespaces), reaps them and reports. After the reply the worker replaces the call's tmpfs (/tmp
 and /dev/shm) and forks the next child, off the latency path.
 
+The call's CPU time is its cgroup's (`CallCgroup`): the host made a cgroup folder for
+this worker, which opens it before isolating itself and moves into its "worker"
+cgroup; the first process of each call is forked into the "call" cgroup beside it, so
+every process and thread of the call is born there. While the call runs, the worker
+reads the cgroup's CPU time whenever the call could have passed its limit
+(`next_cpu_check`) and stops the call once it has; the report gives the total, exited
+processes included, and a failed reading makes the call an infra error.
+
 How a call ended comes from what the worker sees itself (exit status, signal, CPU
 time, the wall clock); with namespaces the exit status or signal is the one the call's
 init saw, relayed on a pipe only the init holds (a call that keeps its init from
@@ -49,6 +57,7 @@ import codecs
 import ctypes
 import errno
 import fcntl
+import functools
 import gc
 import json
 import linecache
@@ -109,6 +118,7 @@ SYS_MOUNT_SETATTR = 442  # the same number on every Linux architecture but alpha
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 24, 38
+PR_SET_CHILD_SUBREAPER = 36
 SECCOMP_MODE_FILTER = 2
 CAPABILITY_VERSION_3 = 0x20080522
 LAST_CAPABILITY = 63  # PR_CAPBSET_DROP of a capability the kernel does not know fails harmlessly
@@ -731,6 +741,181 @@ def _write(path: str, text: str) -> None:
         handle.write(text)
 
 
+# ---------------------------------------------------------------- the call's cgroup
+
+CALL_CGROUP, WORKER_CGROUP = "call", "worker"
+"""The two cgroups in a worker's cgroup folder (made by the host): the calls' processes, and the worker's own."""
+MIN_CPU_CHECK_SECONDS = 0.01
+"""The shortest wait between two readings of a call's CPU time; with n CPUs a call may pass its
+limit by n times this before it is stopped."""
+EMPTY_SECONDS = 2.0  # after the kill, how long the call's cgroup may take to hold no process
+
+
+class CallCgroup:
+    """The cgroup v2 every process of a worker's calls is born in, and the worker's own beside it.
+
+    The worker moves itself into the call cgroup just long enough to fork a call's
+    first process (`fork`), so that process and everything it starts (children,
+    grandchildren, daemons that leave their session or are re-parented, threads) is
+    in it from birth; no process of a call can leave it, since none can write to a
+    cgroup file (no cgroup file system in its root, no privileges; where a call could,
+    the worker does not use the cgroup: `cpu_refusal`). The kernel counts the CPU time of every
+    task in it, also of those that exited, however they were reaped (`cpu.stat`), and
+    `cgroup.kill` kills all of them at once, forks in flight included.
+    """
+
+    def __init__(self, folder: str) -> None:
+        """Open the cgroup files under `folder` and move this process into its worker cgroup
+        (OSError if the kernel refuses: no cgroup v2 there, or no right to move)."""
+        flags = os.O_CLOEXEC
+        self._fds: list[int] = []
+        self.home = self._open(f"{folder}/{WORKER_CGROUP}/cgroup.procs", os.O_WRONLY | flags)
+        self.procs = self._open(f"{folder}/{CALL_CGROUP}/cgroup.procs", os.O_WRONLY | flags)
+        self.stat = self._open(f"{folder}/{CALL_CGROUP}/cpu.stat", os.O_RDONLY | flags)
+        self.events = self._open(f"{folder}/{CALL_CGROUP}/cgroup.events", os.O_RDONLY | flags)
+        self.killer = self._open(f"{folder}/{CALL_CGROUP}/cgroup.kill", os.O_WRONLY | flags)
+        try:
+            os.write(self.home, b"0")
+        except OSError:
+            self.close()
+            raise
+
+    def _open(self, path: str, flags: int) -> int:
+        try:
+            fd = os.open(path, flags)
+        except OSError:
+            self.close()
+            raise
+        self._fds.append(fd)
+        return fd
+
+    def fork(self, fork: Callable[[], int]) -> int:
+        """`fork()` with the child born in the call cgroup; this process stays in its own."""
+        os.write(self.procs, b"0")
+        try:
+            pid = fork()
+        except BaseException:
+            os.write(self.home, b"0")
+            raise
+        if pid:
+            os.write(self.home, b"0")
+        return pid
+
+    def cpu_seconds(self) -> float:
+        """CPU time used by every task ever in the call cgroup, exited ones included (OSError, ValueError if unreadable)."""
+        return cpu_stat_seconds(os.pread(self.stat, 4096, 0))
+
+    def populated(self) -> bool:
+        """Whether a process is still alive in the call cgroup (a zombie no longer counts)."""
+        return cgroup_populated(os.pread(self.events, 4096, 0))
+
+    def kill(self) -> None:
+        """SIGKILL every process in the call cgroup, including one forked while this runs."""
+        os.write(self.killer, b"1")
+
+    def wait_empty(self, timeout: float) -> None:
+        """Until no process of the call is alive; OSError if one still is after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.populated():
+            if time.monotonic() > deadline:
+                raise OSError(errno.EBUSY, f"a process of the call was still alive {timeout:g} s after it was killed")
+            self.kill()
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            _close(fd)
+        self._fds = []
+
+
+def cpu_stat_seconds(raw: bytes) -> float:
+    """The usage_usec line of a cgroup's cpu.stat, in seconds; ValueError if there is none.
+
+    >>> cpu_stat_seconds(b"usage_usec 1250000\\nuser_usec 1000000\\nsystem_usec 250000\\n")
+    1.25
+    """
+    for line in raw.decode("ascii").splitlines():
+        name, _, value = line.partition(" ")
+        if name == "usage_usec":
+            return int(value) / 1e6
+    raise ValueError(f"cpu.stat has no usage_usec: {raw[:200]!r}")
+
+
+def cgroup_populated(raw: bytes) -> bool:
+    """The populated line of a cgroup's cgroup.events; ValueError if there is none.
+
+    >>> cgroup_populated(b"populated 1\\nfrozen 0\\n"), cgroup_populated(b"populated 0\\nfrozen 0\\n")
+    (True, False)
+    """
+    for line in raw.decode("ascii").splitlines():
+        name, _, value = line.partition(" ")
+        if name == "populated":
+            return value.strip() != "0"
+    raise ValueError(f"cgroup.events has no populated: {raw[:200]!r}")
+
+
+def next_cpu_check(now: float, used: float, limit: float, cpus: int) -> float:
+    """When to read a call's CPU time next: the earliest moment it could reach `limit`.
+
+    The call's processes use at most `cpus` CPU-seconds per second, so a call with
+    `limit - used` left cannot pass the limit before that divided by `cpus`; the waits
+    shrink as the call nears its limit, down to MIN_CPU_CHECK_SECONDS. An idle call is
+    read a few times, a busy one about log2(limit / MIN_CPU_CHECK_SECONDS) times.
+
+    >>> next_cpu_check(10.0, used=0.0, limit=2.0, cpus=2), next_cpu_check(10.0, used=1.999, limit=2.0, cpus=2)
+    (11.0, 10.01)
+    """
+    return now + max(MIN_CPU_CHECK_SECONDS, (limit - used) / cpus)
+
+
+def open_call_cgroup(config: dict[str, Any]) -> tuple[CallCgroup | None, str]:
+    """The cgroup of this worker's calls, from the folder the host made (`config["cgroup"]`); (None, why) without one.
+
+    Opened before the worker isolates itself: the new root has no cgroup file system,
+    and the open files are all the worker keeps of it.
+    """
+    folder = config.get("cgroup")
+    if not folder:
+        return None, config.get("cgroup_refusal") or "no cgroup for the calls"
+    try:
+        return CallCgroup(folder), ""
+    except OSError as error:
+        return None, f"the calls' cgroup {folder} cannot be used: {error}"
+
+
+def probe_call_cgroup(cgroup: CallCgroup) -> str:
+    """Why a process cannot be born in, counted in and killed in `cgroup` here, or "" if it can.
+
+    Run after isolation, from where every call's first process is forked.
+    """
+    try:
+        before = cgroup.cpu_seconds()
+        pid = cgroup.fork(os.fork)
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        cgroup.kill()
+        cgroup.wait_empty(EMPTY_SECONDS)
+        if cgroup.cpu_seconds() < before:
+            return "the calls' cgroup counts CPU time backwards"
+    except (OSError, ValueError) as error:
+        return f"the calls' cgroup cannot be used: {error}"
+    return ""
+
+
+def cpu_refusal(cgroup: CallCgroup | None, refusal: str, isolation: dict[str, Any]) -> str:
+    """Why a call's CPU time cannot be counted across its processes, or "" if it can.
+
+    A call that runs as the uid owning its cgroup, with the host's cgroup file system
+    in sight (the "none" column without root), could move its processes out of it.
+    """
+    if cgroup is None:
+        return refusal
+    if not isolation["user"]:
+        return "a call runs as the uid that owns its cgroup and could move its processes out of it"
+    return probe_call_cgroup(cgroup)
+
+
 # ---------------------------------------------------------------- one call
 
 
@@ -769,7 +954,7 @@ class Child:
 
 
 def fork_child(folder: str, config: dict[str, Any], isolation: dict[str, Any], syscalls: SyscallFilter | None,
-               pid_namespace: int | None) -> Child:  # fmt: skip
+               pid_namespace: int | None, cgroup: CallCgroup | None) -> Child:  # fmt: skip
     """Fork the process that will run the next call, and let it confine itself now.
 
     Its confinement (and the page faults of a fresh fork) happen while the worker is
@@ -777,13 +962,15 @@ def fork_child(folder: str, config: dict[str, Any], isolation: dict[str, Any], s
     seccomp filter it installs (None for none). With namespaces, `pid_namespace` is this
     process's own PID namespace (an open /proc/self/ns/pid): the child is forked into a
     new one nested in it, as its init (`_serve_as_call_init`), and forks the call's
-    process there.
+    process there. With a `cgroup`, the child is born in the calls' cgroup, and so is
+    every process of the call after it.
     """
     code_read, code_write = os.pipe()
     output_read, output_write = os.pipe()
     status_read, status_write = os.pipe()
     relay_read, relay_write = os.pipe() if pid_namespace is not None else (None, None)
-    pid = _fork_in_new_pid_namespace(pid_namespace) if pid_namespace is not None else os.fork()
+    fork = functools.partial(_fork_in_new_pid_namespace, pid_namespace) if pid_namespace is not None else os.fork
+    pid = cgroup.fork(fork) if cgroup is not None else fork()
     if pid == 0:
         confined = (code_read, output_write, status_write, folder, config, isolation, syscalls)
         if relay_write is None:
@@ -836,7 +1023,8 @@ def _serve_as_call_init(relay: int, confined: tuple[Any, ...]) -> None:
         os._exit(exit_status)
 
 
-def run_call(child: Child, code: str, config: dict[str, Any], isolation: dict[str, Any]) -> dict[str, Any]:
+def run_call(child: Child, code: str, config: dict[str, Any], isolation: dict[str, Any],
+             cgroup: CallCgroup | None) -> dict[str, Any]:  # fmt: skip
     """Give `child` the code, follow it to its end, kill what it left, and report.
 
     The report: output (the first max_output_chars characters of stdout and stderr
@@ -844,20 +1032,32 @@ def run_call(child: Child, code: str, config: dict[str, Any], isolation: dict[st
     exception ({"type", "errno", "summary"} when the code raised), tampered (the
     status pipe held what the sandbox did not write there), cpu_seconds and
     wall_seconds. Everything but the exception is what this process saw itself.
+
+    With a `cgroup`, cpu_seconds is what every process and thread of the call used
+    together, and the call is stopped (all its processes killed) once that passes
+    cpu_seconds of the limits; a reading that fails raises, so the call is reported
+    as the sandbox's failure, never as a success. Without one, it is the CPU time of
+    the call's process and of the children it waited for.
     """
     start = time.monotonic()
     capture = Capture(config["max_output_chars"])
+    meter = CpuMeter(cgroup, config["cpu_seconds"], config["cpus"], start) if cgroup is not None else None
     try:
         _send(child.code, code.encode("utf-8", "surrogatepass"))
-        timed_out = _follow(child, capture, start + config["wall_seconds"])
+        ending = _follow(child, capture, start + config["wall_seconds"], meter)
     finally:
-        kill_call(child, isolation)
+        kill_call(child, isolation, cgroup)
     _, status, usage = os.wait4(child.pid, 0)  # with namespaces the init's usage includes the call's, reaped
     if child.relay is not None:
         status = relayed_status(_read_available(child.relay, 4))
     _drain(child.output, capture)
     if isolation["method"] != "none":
         _reap_all()
+    timed_out = ending == "timeout"
+    cpu_seconds = usage.ru_utime + usage.ru_stime
+    if meter is not None:
+        _wait_for_the_call(cgroup, isolation)  # type: ignore[arg-type]
+        cpu_seconds = meter.used()
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     exception, tampered = judge_status(_read_available(child.status, MAX_STATUS_BYTES + 1), None if timed_out else exit_code)
     report = {
@@ -868,7 +1068,7 @@ def run_call(child: Child, code: str, config: dict[str, Any], isolation: dict[st
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         "exception": exception,
         "tampered": tampered,
-        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 4),
+        "cpu_seconds": round(cpu_seconds, 4),
         "wall_seconds": round(time.monotonic() - start, 4),
     }
     _close(child.output, child.status, child.relay)
@@ -887,9 +1087,9 @@ def relayed_status(raw: bytes) -> int:
     return struct.unpack("=i", raw)[0] if len(raw) == 4 else signal.SIGKILL
 
 
-def discard(child: Child, isolation: dict[str, Any]) -> None:
+def discard(child: Child, isolation: dict[str, Any], cgroup: CallCgroup | None) -> None:
     """Kill and reap a child whose call failed in the worker, and close its pipes."""
-    kill_call(child, isolation)
+    kill_call(child, isolation, cgroup)
     if isolation["method"] != "none":
         _reap_all()
     else:
@@ -897,7 +1097,22 @@ def discard(child: Child, isolation: dict[str, Any]) -> None:
             os.waitpid(child.pid, 0)
         except ChildProcessError:  # already reaped
             pass
+    if cgroup is not None:
+        _wait_for_the_call(cgroup, isolation)
     _close(child.code, child.output, child.status, child.relay)
+
+
+def _wait_for_the_call(cgroup: CallCgroup, isolation: dict[str, Any]) -> None:
+    """Until no process of the call is alive (OSError if one still is) and, without namespaces, none is left
+    unreaped: this process is their subreaper there, so a process that left the call's session does not
+    linger as a zombie that still counts against nobody's process limit."""
+    cgroup.wait_empty(EMPTY_SECONDS)
+    if isolation["method"] == "none":
+        while True:  # every child of this process now is a process of the call, dead or dying
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
 
 
 def _close_all_but(*kept: int) -> None:
@@ -929,8 +1144,29 @@ def _send(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
-def _follow(child: Child, capture: Capture, deadline: float) -> bool:
-    """Read the child's output until it exits; True if the wall clock ran out first."""
+class CpuMeter:
+    """A call's CPU time so far, all its processes together, read from its cgroup when it could have passed the limit."""
+
+    def __init__(self, cgroup: CallCgroup, limit: float, cpus: int, start: float) -> None:
+        self.cgroup, self.limit, self.cpus = cgroup, limit, cpus
+        self.baseline = cgroup.cpu_seconds()  # the waiting child's confinement, before the code came
+        self.next_check = next_cpu_check(start, 0.0, limit, cpus)
+
+    def used(self) -> float:
+        return max(0.0, self.cgroup.cpu_seconds() - self.baseline)
+
+    def passed(self, now: float) -> bool:
+        """Whether the call has used its CPU limit; if not, when to ask next is set."""
+        used = self.used()
+        if used >= self.limit:
+            return True
+        self.next_check = next_cpu_check(now, used, self.limit, self.cpus)
+        return False
+
+
+def _follow(child: Child, capture: Capture, deadline: float, meter: CpuMeter | None) -> str:
+    """Read the child's output until it exits: "exit", or "timeout" if the wall clock ran out
+    first, or "cpu" if the call's processes used up its CPU time first (`meter`)."""
     exit_fd = os.pidfd_open(child.pid) if hasattr(os, "pidfd_open") else None
     poller = select.poll()
     poller.register(child.output, select.POLLIN)
@@ -938,26 +1174,32 @@ def _follow(child: Child, capture: Capture, deadline: float) -> bool:
         poller.register(exit_fd, select.POLLIN)
     try:
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return True
+            now = time.monotonic()
+            if now >= deadline:
+                return "timeout"
+            if meter is not None and now >= meter.next_check and meter.passed(now):
+                return "cpu"
+            wake = deadline if meter is None else min(deadline, meter.next_check)
             # Without a pidfd (not Linux) the child's exit is seen by polling waitid.
-            wait_ms = remaining * 1000 if exit_fd is not None else min(remaining, 0.01) * 1000
-            for fd, _ in poller.poll(wait_ms):
+            wait_ms = (wake - now) * 1000 if exit_fd is not None else min(wake - now, 0.01) * 1000
+            for fd, _ in poller.poll(max(0.0, wait_ms)):
                 if fd == child.output:
                     chunk = os.read(child.output, READ_BYTES)
                     capture.feed(chunk) if chunk else poller.unregister(child.output)
                 elif fd == exit_fd:
-                    return False
+                    return "exit"
             if exit_fd is None and os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return False
+                return "exit"
     finally:
         if exit_fd is not None:
             os.close(exit_fd)
 
 
-def kill_call(child: Child, isolation: dict[str, Any]) -> None:
-    """Kill every process of the call: the whole namespace but this process, or the child's group."""
+def kill_call(child: Child, isolation: dict[str, Any], cgroup: CallCgroup | None) -> None:
+    """Kill every process of the call: the whole cgroup of calls, then the whole namespace but
+    this process, or the child's group."""
+    if cgroup is not None:
+        cgroup.kill()
     if isolation["method"] != "none":
         os.kill(-1, signal.SIGKILL)  # from process 1 of a PID namespace: everything else in it
         return
@@ -1197,7 +1439,10 @@ def _set_limits(config: dict[str, Any], isolation: dict[str, Any]) -> None:
     with the host user's processes, so it is not set.
     """
     megabyte = 1024 * 1024
-    cpu = config["cpu_seconds"]
+    # Where the call's cgroup counts, its limit decides: a process alone is stopped by the call's
+    # limit first (RLIMIT_CPU fires on a finer clock than the cgroup's, a few ms early), and RLIMIT_CPU,
+    # a second past it, is only a bound should the worker fail to stop the call.
+    cpu = config["cpu_seconds"] + (1 if isolation.get("cpu") else 0)
     limits = [
         (resource.RLIMIT_CORE, (0, 0)),
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),
@@ -1307,30 +1552,31 @@ def _flush() -> None:
 
 
 def serve(requests: BinaryIO, replies: BinaryIO, config: dict[str, Any], isolation: dict[str, Any],
-          syscalls: SyscallFilter | None, covered: list[str]) -> None:  # fmt: skip
+          syscalls: SyscallFilter | None, covered: list[str], cgroup: CallCgroup | None) -> None:  # fmt: skip
     """Answer one request per line until the host closes the pipe.
 
     After each reply, the previous call's folder is replaced and the next call's child
     forked, so both are ready before the next request arrives. `covered`: the interpreter
-    folders each call's folders get bound back (`covered_folders`).
+    folders each call's folders get bound back (`covered_folders`); `cgroup`: where each
+    call's processes are born and counted (None: CPU time is limited per process only).
     """
     folder = new_folder(None, config, isolation, covered)
     own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if isolation["method"] != "none" else None
-    child = fork_child(folder, config, isolation, syscalls, own)
+    child = fork_child(folder, config, isolation, syscalls, own, cgroup)
     for line in requests:
         if os.waitpid(child.pid, os.WNOHANG)[0]:  # the waiting child died before its call: it never ran code
-            discard(child, isolation)
-            child = fork_child(folder, config, isolation, syscalls, own)
+            discard(child, isolation, cgroup)
+            child = fork_child(folder, config, isolation, syscalls, own, cgroup)
         try:
-            reply = run_call(child, json.loads(line)["code"], config, isolation)
+            reply = run_call(child, json.loads(line)["code"], config, isolation, cgroup)
         except Exception as error:  # the worker's own failure: the host reports it as infra
             reply = {"infra": f"{type(error).__name__}: {error}"}
-            discard(child, isolation)
+            discard(child, isolation, cgroup)
         replies.write(json.dumps(reply).encode() + b"\n")
         replies.flush()
         folder = new_folder(folder, config, isolation, covered)
-        child = fork_child(folder, config, isolation, syscalls, own)
-    discard(child, isolation)
+        child = fork_child(folder, config, isolation, syscalls, own, cgroup)
+    discard(child, isolation, cgroup)
     if isolation["method"] == "none":
         remove_folder(folder)
 
@@ -1349,14 +1595,24 @@ def main() -> None:
     for name in PRELOADED:
         __import__(name)
     folders = host_folders()  # before a mount covers any of them
+    # Every CPU the call's processes could run on, online or not: the most CPU time a call uses per second.
+    config["cpus"] = max(os.sysconf("SC_NPROCESSORS_CONF"), os.cpu_count() or 1)
+    cgroup, cgroup_refusal = open_call_cgroup(config)  # before the new root hides the cgroup file system
     isolation = isolate(config, folders)
     syscalls, refusal = filter_for_calls(isolation)
     isolation["syscalls"] = syscalls is not None
-    isolation["note"] = "; ".join(each for each in (isolation["note"], refusal) if each)
+    cpu_refused = cpu_refusal(cgroup, cgroup_refusal, isolation)
+    if cpu_refused and cgroup is not None:
+        cgroup.close()
+        cgroup = None
+    isolation["cpu"] = not cpu_refused
+    if cgroup is not None and isolation["method"] == "none":  # the call's orphans become this process's to reap
+        _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+    isolation["note"] = "; ".join(each for each in (isolation["note"], refusal, cpu_refused) if each)
     gc.freeze()  # what exists now is shared with every child; no collection there touches it
     replies.write(json.dumps({"isolation": isolation}).encode() + b"\n")
     replies.flush()
-    serve(requests, replies, config, isolation, syscalls, covered_folders(folders))
+    serve(requests, replies, config, isolation, syscalls, covered_folders(folders), cgroup)
 
 
 if __name__ == "__main__":
