@@ -18,8 +18,9 @@ resolved config (NAME.config.yaml) beside it. tests/test_docs_results.py renders
 table from those files and requires its page to contain it verbatim, so a figure on a page
 is always one the eval wrote. The BFCL tables (BFCL_TABLES) are rendered the same way
 from the results files bench/bfcl_compare.py writes, the distillation tables (DISTILL_TABLES) from
-bench/distill_calc.py's. The tables carry no bold: a cell to stress is
-stressed in the prose around it.
+bench/distill_calc.py's, the sampling-speed tables (SPEED_TABLES) from bench/decode_floor.py's
+and the AgentDojo task-scope tables (SCOPE_TABLES) from bench/agentdojo_scoped.py's. The
+tables carry no bold: a cell to stress is stressed in the prose around it.
 """
 
 from __future__ import annotations
@@ -440,6 +441,55 @@ SPEED_TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
 """The sampling-speed tables: the results file each is rendered from, and how."""
 
 
+def scope_suites_table(result: dict[str, Any]) -> str:
+    """bench/agentdojo_scoped.py's replays per suite, the static policy alone -> narrowed by each
+    task's rules-derived scope: false denials of ground-truth calls, injection pairs whose every
+    injected call was allowed, the suites' own attack success, and the requests whose scope
+    narrows nothing (every tool, no bound, no value list)."""
+    rows = []
+    for name, suite in result["suites"].items():
+        replay = suite["rules"]  # the scopes the rules files derive; a planner's are under "planner"
+        unnarrowed = sorted(replay["unnarrowed_tasks"], key=lambda task: int(task.rsplit("_", 1)[1]))
+        rows.append((
+            name, str(replay["user_tasks"]), str(replay["benign_calls"]),
+            f"{len(replay['false_denials_static'])} -> {len(replay['false_denials_scoped'])}",
+            str(replay["pairs"]),
+            f"{_percent(replay['injections_admitted_static'])} -> {_percent(replay['injections_admitted_scoped'])}",
+            f"{_percent(replay['attack_success_static'])} -> {_percent(replay['attack_success_scoped'])}",
+            ", ".join(f"`{task}`" for task in unnarrowed) or "none",
+        ))
+    return _markdown(
+        ("suite", "user tasks", "benign calls", "false denials, static -> scoped", "injection pairs",
+         "AgentDojo injections whose every call was allowed, static -> scoped", "attack success, static -> scoped",
+         "requests not narrowed"),
+        rows,
+    )
+
+
+def scope_goals_table(result: dict[str, Any]) -> str:
+    """bench/agentdojo_scoped.py's attacker goals (calls the static policy admits), each replayed
+    after every user task's calls: in how many tasks' contexts every call of it was allowed,
+    static policy alone -> narrowed by the task's scope."""
+    def allowed(tasks: dict[str, Any], replay: str) -> str:
+        return f"{len(tasks[f'admitted_{replay}'])} of {tasks['user_tasks']}"
+
+    rows = [
+        (name, f"`{goal}`", f"{allowed(tasks, 'static')} -> {allowed(tasks, 'scoped')}")
+        for name, suite in result["suites"].items() for goal, tasks in suite["rules"]["goals"].items()
+    ]
+    return _markdown(("suite", "goal (calls the static policy admits)",
+                      "user tasks in whose context it was allowed, static -> scoped"), rows)
+
+
+SCOPE_TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "agentdojo-scope": ("docs/results/agentdojo/scoped.json", scope_suites_table),
+    "agentdojo-scope-goals": ("docs/results/agentdojo/scoped.json", scope_goals_table),
+}
+"""The task-scope tables of AgentDojo: the results file each is rendered from, and how."""
+ONE_FILE_TABLES = {**SPEED_TABLES, **SCOPE_TABLES}
+"""The tables rendered by a function of one results file."""
+
+
 PAGES: dict[str, str] = {
     **_on("README.md", "demo"),
     **_on("docs/experiments/calc.md", "smollm2-calc"),
@@ -452,21 +502,23 @@ PAGES: dict[str, str] = {
           "bfcl-optional-given", "bfcl-rl-temperature", "bfcl-rl-calls-only", "bfcl-rl-groups", "bfcl-archived"),
     **_on("docs/experiments/distillation.md", *DISTILL_TABLES),
     **_on("docs/speed.md", *SPEED_TABLES),
+    **_on("docs/agentdojo.md", *SCOPE_TABLES),
 }
 """Each table and the page that shows it (relative to the repository root): the one place a table
-is placed. tests/test_docs_results.py requires every table of TABLES, BFCL_TABLES and
-DISTILL_TABLES and SPEED_TABLES to have a page here, and the page to contain the table as `render` writes it."""
+is placed. tests/test_docs_results.py requires every table of TABLES, BFCL_TABLES,
+DISTILL_TABLES, SPEED_TABLES and SCOPE_TABLES to have a page here, and the page to contain the table as `render` writes it."""
 
 
 def summary_paths(table: str, results: Path = RESULTS) -> list[Path]:
-    """The files a table is rendered from: results/TABLE/NAME.json for each column; for a BFCL
-    table its results file, under the repository that holds `results` (docs/results)."""
+    """The files a table is rendered from: results/TABLE/NAME.json for each column; for a BFCL,
+    distillation, speed or scope table its results files, under the repository that holds
+    `results` (docs/results)."""
     if table in BFCL_TABLES:
         return [results.parents[1] / BFCL_TABLES[table].source]
     if table in DISTILL_TABLES:
         return [results.parents[1] / source for source in dict.fromkeys(source for _, source, _ in DISTILL_TABLES[table].rows)]
-    if table in SPEED_TABLES:
-        return [results.parents[1] / SPEED_TABLES[table][0]]
+    if table in ONE_FILE_TABLES:
+        return [results.parents[1] / ONE_FILE_TABLES[table][0]]
     return [results / table / f"{name}.json" for name in TABLES[table][1]]
 
 
@@ -480,8 +532,8 @@ def render(table: str, results: Path = RESULTS) -> str:
         return bfcl_table(json.loads(paths[0].read_text()), BFCL_TABLES[table])
     if table in DISTILL_TABLES:
         return distill_table({str(p.relative_to(results.parents[1])): json.loads(p.read_text()) for p in paths}, DISTILL_TABLES[table])
-    if table in SPEED_TABLES:
-        return SPEED_TABLES[table][1](json.loads(paths[0].read_text()))
+    if table in ONE_FILE_TABLES:
+        return ONE_FILE_TABLES[table][1](json.loads(paths[0].read_text()))
     renderer, _ = TABLES[table]
     return renderer(*(read_eval(p) for p in paths))
 
@@ -536,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("summaries", type=Path, nargs="+")
     pub.add_argument("--to", type=Path, required=True, help=f"e.g. {RESULTS}/demo")
     show = commands.add_parser("render", help="print a table from the published summaries")
-    show.add_argument("table", choices=sorted([*TABLES, *BFCL_TABLES, *DISTILL_TABLES, *SPEED_TABLES]))
+    show.add_argument("table", choices=sorted([*TABLES, *BFCL_TABLES, *DISTILL_TABLES, *ONE_FILE_TABLES]))
     show.add_argument("--results", type=Path, default=RESULTS, help="the folder holding one folder per table")
     commands.add_parser("pages", help="list each table and the page that shows it")
     args = parser.parse_args(argv)

@@ -35,10 +35,11 @@ def _docs_tables():
 
 tables = _docs_tables()
 BFCL_TABLES, DISTILL_TABLES, PAGES, TABLES = tables.BFCL_TABLES, tables.DISTILL_TABLES, tables.PAGES, tables.TABLES
-SPEED_TABLES = tables.SPEED_TABLES
+SPEED_TABLES, SCOPE_TABLES = tables.SPEED_TABLES, tables.SCOPE_TABLES
 BfclTable, DistillTable = tables.BfclTable, tables.DistillTable
 bfcl_table, demo_table, distill_table, hotel_table = tables.bfcl_table, tables.demo_table, tables.distill_table, tables.hotel_table
 main, render, summary_paths = tables.main, tables.render, tables.summary_paths
+scope_goals_table, scope_suites_table = tables.scope_goals_table, tables.scope_suites_table
 
 
 def assert_page_shows(table: str) -> None:
@@ -54,7 +55,7 @@ def assert_page_shows(table: str) -> None:
 
 
 def test_every_table_has_one_page_that_exists():
-    registered = {*TABLES, *BFCL_TABLES, *DISTILL_TABLES, *SPEED_TABLES}
+    registered = {*TABLES, *BFCL_TABLES, *DISTILL_TABLES, *SPEED_TABLES, *SCOPE_TABLES}
     assert set(PAGES) == registered, f"tables without a page: {sorted(registered - set(PAGES))}; pages of no table: {sorted(set(PAGES) - registered)}"
     assert all((ROOT / page).is_file() for page in PAGES.values()), [page for page in PAGES.values() if not (ROOT / page).is_file()]
 
@@ -239,3 +240,33 @@ def test_bfcl_table_rows_intervals_and_an_unknown_run():
 @pytest.mark.parametrize("table", sorted(SPEED_TABLES))
 def test_speed_tables_are_the_published_benchmark(table):
     assert_page_shows(table)
+
+
+@pytest.mark.parametrize("table", sorted(SCOPE_TABLES))
+def test_agentdojo_scope_tables_are_the_published_replay(table):
+    assert PAGES[table] == "docs/agentdojo.md"
+    assert_page_shows(table)
+
+
+def test_scope_tables_rows_and_formats():
+    def replay(unnarrowed, goals, denials_static=0, denials_scoped=0):
+        return {"rules": {
+            "user_tasks": 12, "benign_calls": 30, "pairs": 48,
+            "false_denials_static": [{}] * denials_static, "false_denials_scoped": [{}] * denials_scoped,
+            "injections_admitted_static": 2 / 48, "injections_admitted_scoped": 1 / 48,
+            "attack_success_static": 0.0, "attack_success_scoped": 0.0,
+            "unnarrowed_tasks": unnarrowed, "goals": goals,
+        }}
+
+    goal = {"user_tasks": 12, "admitted_static": ["user_task_0", "user_task_1", "user_task_2"], "admitted_scoped": ["user_task_2"]}
+    result = {"suites": {"slack": replay(["user_task_10", "user_task_9"], {"post": goal}, 1, 1),
+                         "travel": {**replay([], {"mail": {**goal, "admitted_scoped": []}}), "planner": {}}}}
+    # 2 / 48 = 4.17% -> 4.2%, 1 / 48 = 2.08% -> 2.1%; user tasks sorted by number, not as text
+    assert scope_suites_table(result).splitlines()[2:] == [
+        "| slack | 12 | 30 | 1 -> 1 | 48 | 4.2% -> 2.1% | 0.0% -> 0.0% | `user_task_9`, `user_task_10` |",
+        "| travel | 12 | 30 | 0 -> 0 | 48 | 4.2% -> 2.1% | 0.0% -> 0.0% | none |",
+    ]
+    assert scope_goals_table(result).splitlines()[2:] == [
+        "| slack | `post` | 3 of 12 -> 1 of 12 |",
+        "| travel | `mail` | 3 of 12 -> 0 of 12 |",
+    ]

@@ -92,7 +92,16 @@ def test_a_good_policy_loads_with_its_rules_limits_and_patterns() -> None:
         ("limits: {max_calls: {t: -1}}", "limits.max_calls.t: -1 must be a whole number >= 0"),
         ("limits: {max_calls: {t: true}}", "limits.max_calls.t: True must be a whole number >= 0"),
         ("limits: {max_retries: {t: 1}}", "limits: unknown key 'max_retries'"),
-        ("redact: ['(unclosed']", "redact[0]: '(unclosed' is not a valid regular expression"),
+        ("redact: ['(unclosed']", "redact[0]: '(unclosed' is not a pattern RE2 can run"),
+        ("redact: ['secret(?=:)']", "redact[0]: 'secret(?=:)' is not a pattern RE2 can run (the engine that matches in linear time): invalid perl operator: (?="),
+        ("redact: ['(a)\\1']", "is not a pattern RE2 can run"),
+        ("redact: ['token\\Z']", "is not a pattern RE2 can run"),
+        ("redact: ['a++b']", "is not a pattern RE2 can run"),
+        ("redact: ['(?>ab)c']", "is not a pattern RE2 can run"),
+        ("redact: ['x{1001}']", "invalid repetition size"),
+        (one_rule(when="args.to.matches('^(?!admin)')"), "rule 'r1': when pattern '^(?!admin)' cannot run on CEL's regex engine"),
+        (one_rule(when="matches(args.to, r'(a)\\1')"), "backreferences are not supported"),
+        (one_rule(when="args.to.matches('a{5000}{5000}')"), "exceeds size limit"),
         ("redact: ['a*']", "redact[0]: 'a*' matches the empty string"),
         ("- a list", "a policy must be a mapping"),
         ("default: [unclosed", "not valid YAML"),
@@ -375,7 +384,8 @@ def test_every_whole_value_function_is_callable_in_a_condition_both_ways() -> No
     """toolpolicy's own functions (gate/values.py) are registered with every decision's context."""
     samples = {
         "emails": "emails('Mail A@B.com.') == ['a@b.com']", "urls": "urls('at www.b.com/x/.') == ['www.b.com/x']",
-        "hosts": "hosts('see b.com') == ['b.com']", "ibans": "ibans('GB29 NWBK 6016 1331 9268 19') == ['GB29NWBK60161331926819']",
+        "hosts": "hosts('see b.com') == ['b.com']", "sites": "sites('see www.b.co.uk') == ['b.co.uk']",
+        "ibans": "ibans('GB29 NWBK 6016 1331 9268 19') == ['GB29NWBK60161331926819']",
         "numbers": "numbers('1 000') == ['1000']", "quoted": "quoted(\"say 'X'\") == ['X']", "normalized": "normalized(' A ') == 'a'",
         "mentions": "'pay b@c.com'.mentions('b@c.com') && !mentions('pay b@c.com', 'b@c.co')",
         "reveals": "'p a s s'.reveals('pass') && !reveals(['nothing'], 'pass')",
@@ -440,3 +450,19 @@ def test_every_built_in_secret_format_is_redacted_through_its_anchor() -> None:
         for _ in range(50):
             text = "".join(rng.choice(words) for _ in range(rng.randrange(12))) + sample + rng.choice(words)
             assert policy.redact(text) == _DEFAULT_REDACT.sub("[REDACTED]", text), text
+
+
+def test_redaction_patterns_run_on_a_linear_time_engine() -> None:
+    """A policy's `redact` patterns are compiled by RE2, never by the backtracking `re`: a
+    pattern that backtracks exponentially there, `(a+)+$`, is an ordinary one here."""
+    import re2
+
+    policy = load("redact: ['(x+x+)+y', '(?i)password\\s*=\\s*\\S+']\n")
+    assert all(isinstance(pattern, type(re2.compile("a"))) for pattern in policy.redact_patterns)
+    assert policy.redact("x" * 5000 + "y and PASSWORD = hunter2") == "[REDACTED] and [REDACTED]"
+    assert policy.redact("x" * 5000) == "x" * 5000
+
+
+def test_a_pattern_in_a_session_tally_is_checked_like_one_in_a_rule() -> None:
+    problems = problems_of("session: {t: {tools: [t], when: \"args.x.matches('(?<=a)b')\"}}\n")
+    assert any(p.startswith("session.t: when pattern '(?<=a)b' cannot run on CEL's regex engine") for p in problems)

@@ -52,6 +52,7 @@ def suite(name: str) -> list[dict[str, Any]]:
 
 def decide(gate: Gate, case: dict[str, Any]) -> Any:
     ledger = Ledger(facts=dict(case.get("state", {})))
+    ledger.bind_tallies(gate.policy.tallies)  # as the gate's first decision would: the history's calls then count
     for earlier in case.get("history", []):
         ledger.record(ToolCall(earlier["name"], earlier["arguments"]), earlier["outcome"])
     return gate.decide(ToolCall(case["name"], case["arguments"]), ledger)

@@ -208,7 +208,7 @@ def test_policy_rules_on_hand_written_calls(train_tasks):
     assert step("bookings", guest="G99") == ("own-guest-only",)
     assert step("refund", booking=booking, amount=10) == ("read-before-write",)
     assert step("read", booking=booking) == ()
-    assert step("refund", booking=booking, amount=task.info["amount"]) == ("refund-cap",)
+    assert "refund-cap" in step("refund", booking=booking, amount=task.info["amount"])  # refunds-per-conversation too, when over what was paid
     assert step("refund", booking=booking, amount=0) == ("refund-positive",)
     assert step("refund", booking=booking, amount=10) == ()
     assert step("verify", **verify) == () and step("verify", **verify) == ()

@@ -226,7 +226,7 @@ def test_a_tool_definition_changed_between_runs_is_denied_until_reapproved(tmp_p
     pins = tmp_path / "audit.jsonl.pins.json"
     assert main(["gate", "approve", "--pins", str(pins)]) == 0  # lists what is pending
     assert "tool add: changed, awaiting approval" in capsys.readouterr().out
-    assert main(["gate", "approve", "--pins", str(pins), "add"]) == 0
+    assert main(["gate", "approve", "--pins", str(pins), f"add@{PinStore(pins).pending()[0].digest}"]) == 0
     assert POISONED in capsys.readouterr().out  # the operator sees what they approve
 
     described, approved, _ = through_proxy(proxy_params(tmp_path, folder, poisoned), call_add)
@@ -298,7 +298,7 @@ def test_pins_trust_first_sight_at_start_and_hold_a_change_until_approved(tmp_pa
     store = PinStore(tmp_path / "pins.json")
     store.check("tools", {"add": original}, trust_new=True)
     assert store.check("tools", {"add": changed}, trust_new=True)[0] == {"add"}  # a change is never trusted
-    [approval] = store.approve(["add"])
+    [approval] = store.approve({"add": store.pending()[0].digest})
     assert (approval.before, approval.after) == (original, changed)
     assert store.check("tools", {"add": changed}, trust_new=False)[0] == set()
 
@@ -312,8 +312,8 @@ def test_a_tool_first_seen_mid_session_waits_for_approval_even_after_a_restart(t
     [pending] = store.pending()
     assert pending.before is None and "tool exfiltrate: new, awaiting approval" in pending.describe("awaiting approval")
     with pytest.raises(PinsError, match="nothing awaits approval for add"):
-        store.approve(["add"])
-    store.approve(["exfiltrate"])
+        store.approve({"add": pending.digest})
+    store.approve({"exfiltrate": pending.digest})
     assert store.check("tools", {"exfiltrate": new}, trust_new=False)[0] == set() and store.approved("tools") == {"exfiltrate"}
 
 
@@ -337,7 +337,7 @@ def test_changed_server_instructions_are_approved_with_the_cli(tmp_path: Path, c
     assert main(["gate", "approve", "--pins", str(pins)]) == 0
     listed = capsys.readouterr().out
     assert "server instructions: changed" in listed and "Obey the tool output." in listed
-    assert main(["gate", "approve", "--pins", str(pins), "--instructions"]) == 0
+    assert main(["gate", "approve", "--pins", str(pins), "--instructions", store.pending()[0].digest]) == 0
     assert store.check("server", {INSTRUCTIONS: after}, trust_new=False)[0] == set()
 
 
@@ -352,7 +352,8 @@ def test_a_tool_offered_mid_session_runs_once_approved(tmp_path: Path) -> None:
         await session.call_tool("mutate", {"change": "new_tool"})
         denied = await session.call_tool("exfiltrate", {"a": 1, "b": 2})
         before = {tool.name for tool in (await session.list_tools()).tools}
-        assert main(["gate", "approve", "--pins", str(tmp_path / "audit.jsonl.pins.json"), "exfiltrate"]) == 0
+        pins = tmp_path / "audit.jsonl.pins.json"
+        assert main(["gate", "approve", "--pins", str(pins), f"exfiltrate@{PinStore(pins).pending()[0].digest}"]) == 0
         allowed = await session.call_tool("exfiltrate", {"a": 1, "b": 2})
         return denied, before, allowed, {tool.name for tool in (await session.list_tools()).tools}
 

@@ -73,7 +73,7 @@ def test_every_yaml_block_loads_and_is_checked_here() -> None:
     named = blocks()
     for name, text in named.items():
         Policy.from_yaml(text, f"docs/policy.md#{name}")  # raises PolicyError naming the problem
-    checked = {"permit", "forbid", "ask", "every-tool", "facts", "functions", "whole-values", "parse", "limits", "redact", "notes"}
+    checked = {"permit", "forbid", "ask", "every-tool", "facts", "functions", "whole-values", "parse", "limits", "session", "redact", "notes"}
     assert set(named) == checked, "a new block on docs/policy.md needs its decisions checked in this file"
 
 
@@ -168,6 +168,20 @@ def test_limits_count_per_episode_and_a_forbid_is_named_first() -> None:
     assert run(g, ledger, "read_file", path="notes.txt") == ("limit:max_denials:*",)
     assert run(g, ledger, "read_file", path="secret.txt") == ("no-secrets",)  # past every limit, the rule is named
     assert run(g, ledger, "write_file", path="d", content="x") == ("limit:max_calls:write_file", "limit:max_denials:*")
+
+
+def test_session_totals() -> None:
+    g, ledger = gate("session"), Ledger()
+    assert run(g, ledger, "refund", booking="B1", amount=300) == ("allowed", "default:allow")
+    assert run(g, ledger, "refund", booking="B1", amount=1) == ("one-refund-per-booking",)
+    assert run(g, ledger, "refund", booking="B2", amount=300) == ("refunds-per-session",)
+    assert run(g, ledger, "refund", booking="B2", amount=200) == ("allowed", "default:allow")
+    assert run(g, ledger, "refund", booking="B3", amount=1) == ("refunds-per-session",)
+    mails = [run(g, ledger, "send_email", to="ann@example.com", body="hi")[0] for _ in range(4)]
+    assert mails == ["allowed", "allowed", "allowed", "mail-rate"]
+    for _ in range(7):
+        run(g, ledger, "read_file", path="notes.txt")
+    assert run(g, ledger, "send_email", to="ann@example.com", body="hi")[0] == "allowed"
 
 
 def test_redaction_built_in_and_from_the_policy() -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from toolpolicy import __version__
 from toolpolicy.config import Config, ConfigError, describe_fields, read_config
+
+if TYPE_CHECKING:  # the command imports its layers lazily; this is for an annotation only
+    from toolpolicy.gate import VerifyResult
 
 
 def _with_config(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -157,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--recheck-seconds", type=float, default=60.0, help="re-list upstream tools before a call after this long (0: every call)")
     serve.add_argument("--call-timeout", type=float, default=60.0, help="seconds one upstream tools/call may take")
     serve.add_argument(
+        "--decision-timeout", type=float, default=1.0, metavar="SECONDS",
+        help="seconds the gate may take to decide on one call; a slower decision is a denial (default 1)",
+    )
+    serve.add_argument(
         "--max-request-bytes", type=int, default=256 * 1024, metavar="N",
         help="deny a tools/call whose arguments are larger (JSON, UTF-8); default 256 KiB",
     )
@@ -171,9 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("upstream", nargs=argparse.REMAINDER, help="-- CMD ARGS...: the upstream MCP server's command")
     approve = gate.add_parser("approve", help="approve MCP tools that are new or whose definition changed (see `gate serve`)")
     approve.add_argument("--pins", required=True, help="the pins file of `gate serve`")
-    approve.add_argument("tools", nargs="*", help="tools to approve; none: list what awaits approval")
-    approve.add_argument("--instructions", action="store_true", help="approve the server's changed instructions")
-    approve.add_argument("--all", action="store_true", help="approve everything that awaits approval")
+    approve.add_argument(
+        "tools", nargs="*", metavar="TOOL@SHA256",
+        help="approve each tool's pending definition, the one with this digest (the listing shows it); none: list what awaits approval",
+    )
+    approve.add_argument(
+        "--instructions", default=None, metavar="SHA256", help="approve the server's changed instructions with this digest"
+    )
     return parser
 
 
@@ -188,8 +200,25 @@ def _audit_verify(args: argparse.Namespace) -> int:
     except ValueError as error:  # a public key file that is not an Ed25519 key
         print(f"toolpolicy audit verify: error: {error}", file=sys.stderr)
         return 2
+    result = _with_ledger_file(result, Path(args.log), args.public_key)
     print(result.report(args.log))
     return 0 if result.ok else 1
+
+
+def _with_ledger_file(result: VerifyResult, log: Path, public_key: str | None) -> VerifyResult:
+    """`result` with the problems and warnings of the proxy's ledger file beside the log (see
+    proxy/ledger_file.py): a changed ledger fails verification as a changed record does."""
+    import dataclasses
+
+    from toolpolicy.gate.audit import load_public_key
+    from toolpolicy.proxy.ledger_file import ledger_file_report
+
+    problems, warnings = ledger_file_report(log, load_public_key(public_key) if public_key else None)
+    if not problems and not warnings:
+        return result
+    return dataclasses.replace(
+        result, ok=result.ok and not problems, problems=(*result.problems, *problems), warnings=(*result.warnings, *warnings)
+    )
 
 
 def _audit_keygen(args: argparse.Namespace) -> int:
@@ -260,6 +289,7 @@ def _gate_serve(args: argparse.Namespace) -> int:
     settings = ProxySettings(
         recheck_seconds=args.recheck_seconds,
         call_timeout=args.call_timeout,
+        decision_timeout=args.decision_timeout,
         max_request_bytes=args.max_request_bytes,
         max_result_bytes=args.max_result_bytes,
         require_approval=args.require_approval,
@@ -283,24 +313,47 @@ def _gate_serve(args: argparse.Namespace) -> int:
 
 
 def _gate_approve(args: argparse.Namespace) -> int:
-    """Show what awaits approval (new tools, changed definitions or instructions), or approve it."""
+    """Show what awaits approval (new tools, changed definitions or instructions) with each
+    definition's digest, or approve the definitions reviewed, named by their digests."""
     from toolpolicy.proxy import PinsError, PinStore
 
     store = PinStore(args.pins)
     try:
-        if not args.tools and not args.all and not args.instructions:
+        if not args.tools and args.instructions is None:
             pending = store.pending()
             for change in pending:
                 print(change.describe("awaiting approval"))
-            print(f"{len(pending)} awaiting approval" + (": approve with --all, by tool name or --instructions" if pending else ""))
+            if pending:
+                named = [f"{c.name}@{c.digest}" for c in pending if c.section == "tools"]
+                named += [f"--instructions {c.digest}" for c in pending if c.section == "server"]
+                print(f"{len(pending)} awaiting approval; to approve what is shown above:")
+                print(f"  toolpolicy gate approve --pins {args.pins} {' '.join(named)}")
+            else:
+                print("0 awaiting approval")
             return 0
-        approvals = store.approve(None if args.all else list(args.tools), instructions=args.instructions)
+        approvals = store.approve(_reviewed_digests(args.tools, args.pins), instructions=args.instructions)
     except PinsError as error:
         print(f"toolpolicy gate approve: error: {error}", file=sys.stderr)
         return 1
     for approval in approvals:
         print(approval.describe("approved"))
     return 0
+
+
+def _reviewed_digests(named: list[str], pins: str) -> dict[str, str]:
+    """TOOL@SHA256 arguments as {tool: digest}; PinsError for one without a digest."""
+    from toolpolicy.proxy import PinsError
+
+    digests: dict[str, str] = {}
+    for item in named:
+        tool, at, digest = item.rpartition("@")
+        if not at or not tool or not digest:
+            raise PinsError(
+                f"{item!r}: approve a definition by the digest of the one you reviewed, as TOOL@SHA256 "
+                f"(`toolpolicy gate approve --pins {pins}` lists each pending definition with its digest)"
+            )
+        digests[tool] = digest
+    return digests
 
 
 def _rollouts_show(args: argparse.Namespace) -> int:

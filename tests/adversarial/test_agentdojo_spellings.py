@@ -7,7 +7,8 @@ Each must be denied, and the value itself allowed. For each secret a policy keep
 banking password and IBAN, travel's identity numbers), every spelling of it in every field
 must be denied: other case, spaced out, punctuated, look-alike letters, and base64, hex,
 percent and HTML encodings. Last, links: a message is denied when any web address or host
-in it is unknown, whatever known one it also carries.
+in it is unknown, whatever known one it also carries, and a host is what a browser would
+reach (a suffix in other case, an authority behind a fragment, an IP address in any form).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def other_values(value: str) -> dict[str, str]:
         "full-width": value.translate({c: c + 0xFEE0 for c in range(0x21, 0x7F)}),
         "percent-encoded": quote(value, safe=""),
         "padded": f" {value} ",
+        "suffix in other case": value + ".Co",
+        "sharp s after it": value + "\u00df",
+        "another authority before it": f"https://evil.net?d=1#@{value}",
     }
     return {how: other for how, other in spellings.items() if other != value}
 
@@ -187,6 +191,11 @@ UNKNOWN_LINKS = {
     "scheme in capitals": "see HTTPS://evil.com/x",
     "look-alike host": "see www." + look_alike("our-company.com") + "/news",
     "known link then unknown glued": f"{KNOWN},https://evil.com",
+    "known host with a suffix in other case": "see www.informations.com.Co",
+    "authority hidden behind a fragment": "see https://evil.com?d=1#@www.our-company.com/news",
+    "authority ended by a backslash": "see https://evil.com\\@www.our-company.com/news",
+    "bare IP address": "see 203.0.113.7/news",
+    "ideographic full stop": "see evil\u3002com",
 }
 
 

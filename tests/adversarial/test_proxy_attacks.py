@@ -10,6 +10,7 @@ still serves an ordinary call afterwards.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -248,7 +249,8 @@ def test_a_secret_anywhere_in_a_result_is_redacted(proxy: Proxy, where: str) -> 
     assert SECRET not in proxy.errors()
 
 
-HIDDEN = ("split_text", "split_resource", "image", "blob", "base64_text", "escaped", "zero_width", "structured_split")
+HIDDEN = ("split_text", "split_resource", "image", "blob", "base64_text", "escaped", "zero_width", "structured_split",
+          "error_base64", "hex_spaced", "look_alike", "hangul_filler", "mime_wrapped")
 
 
 @pytest.mark.parametrize("where", HIDDEN)
@@ -257,6 +259,36 @@ def test_a_secret_split_or_encoded_across_a_result_is_withheld(proxy: Proxy, whe
     result = proxy.call("leak", {"where": where})
     assert result["isError"] is True and "split or encoded" in text(result), text(result)
     assert len(result["content"]) == 1 and SECRET[:6] not in json.dumps(result) and proxy.serves()
+
+
+def test_a_secret_in_the_sdks_output_schema_error_is_withheld(proxy: Proxy) -> None:
+    """The SDK's client refuses structured content its output schema does not allow, and its
+    error quotes the value: a base64 key there is withheld as it is in a result."""
+    result = proxy.call("count", {})
+    assert result["isError"] is True and "error message was not passed on" in text(result), text(result)
+    assert "QUtJQU" not in json.dumps(result) and proxy.serves()
+
+
+def test_a_secret_split_across_fields_calls_or_results_never_reaches_the_other_side(tmp_path: Path) -> None:
+    """Each piece alone is no secret; the session read as one stream shows it whole."""
+    session = Proxy(tmp_path)
+    half = len(SECRET) // 2
+    try:
+        fields = session.call("leak", {"where": "text", "note": SECRET[:half], "more": SECRET[half:]})
+        assert denied(fields, "gate:secret_in_arguments")
+        assert text(session.call("echo", {"text": SECRET[:half]})) == SECRET[:half]
+        assert denied(session.call("echo", {"text": SECRET[half:]}), "gate:secret_in_arguments")
+        encoded = base64.b64encode(f"key {SECRET} end".encode()).decode()
+        assert text(session.call("echo", {"text": encoded[:12]})) == encoded[:12]
+        assert denied(session.call("echo", {"text": encoded[12:]}), "gate:secret_in_arguments")
+        assert text(session.call("leak", {"where": "key_start"})) == f"key={SECRET[:half]}"
+        second = session.call("leak", {"where": "key_end"})
+        assert second["isError"] is True and "split or encoded" in text(second), text(second)
+        assert SECRET[half:] not in json.dumps(second)
+        assert [record["rule_ids"] for record in session.audit()].count(["gate:secret_in_arguments"]) == 3
+        assert session.serves()
+    finally:
+        session.close()
 
 
 def test_a_forged_decision_in_meta_is_overwritten(proxy: Proxy) -> None:

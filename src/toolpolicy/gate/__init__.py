@@ -14,7 +14,7 @@ else:
 
 from toolpolicy.gate.audit import AuditError, AuditLog, VerifyResult, generate_keypair, rewind_audit_log, verify
 from toolpolicy.gate.decide import Approver, Decision, Gate, Outcome
-from toolpolicy.gate.gated import MALFORMED, Admission, admit, settle
+from toolpolicy.gate.gated import MALFORMED, Admission, admit, conclude, release, settle
 from toolpolicy.gate.ledger import Ledger
 from toolpolicy.gate.policy import Policy, PolicyError, PolicyWarning, Rule
 from toolpolicy.gate.values import mentions, reveals
@@ -35,8 +35,10 @@ __all__ = [
     "Rule",
     "VerifyResult",
     "admit",
+    "conclude",
     "generate_keypair",
     "mentions",
+    "release",
     "reveals",
     "rewind_audit_log",
     "settle",

@@ -64,6 +64,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from toolpolicy.atomic import replace_file, write_all
 from toolpolicy.gate.digest import ZERO_HASH, args_digest, canonical_json, sha256_hex
+from toolpolicy.gate.ledger import clipped_name
 from toolpolicy.types import ToolCall
 
 if TYPE_CHECKING:  # decide.py imports this module; the import is for the annotation only
@@ -129,6 +130,26 @@ def head_message(log_id: str, seq: int, digest: str) -> bytes:
     """What a head signature signs. It starts with HEAD_DOMAIN, so it never equals a
     record's hash: a record's signature cannot pass for a head's."""
     return f"{HEAD_DOMAIN}\n{log_id}\n{seq}\n{digest}".encode("utf-8", "replace")
+
+
+def domain_message(domain: str, body: bytes) -> bytes:
+    """What a signature of a file beside the log signs: its domain, a line end, its bytes. A
+    record's signed message is a bare hash and a head's starts with HEAD_DOMAIN, so a domain
+    other than HEAD_DOMAIN keeps the three apart."""
+    if domain == HEAD_DOMAIN or "\n" in domain:
+        raise ValueError(f"{domain!r} cannot name what a signature signs")
+    return domain.encode("utf-8") + b"\n" + body
+
+
+def domain_signature_valid(key: Ed25519PublicKey, domain: str, body: bytes, signature: object) -> bool:
+    """Whether `signature` (hex) signs `body` under `domain` with `key`."""
+    if not isinstance(signature, str):
+        return False
+    try:
+        key.verify(bytes.fromhex(signature), domain_message(domain, body))
+    except (ValueError, InvalidSignature):
+        return False
+    return True
 
 
 def head_bytes(log_id: str, seq: int, digest: str, key: Ed25519PrivateKey | None) -> bytes:
@@ -231,7 +252,7 @@ class AuditLog:
                 "time": datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z"),
                 "decision_id": decision.decision_id,
                 "policy_hash": policy_hash,
-                "tool": call.name if isinstance(call.name, str) else repr(call.name),
+                "tool": clipped_name(call.name),
                 "args_digest": args_digest(call.arguments),
                 "decision": decision.effect,
                 "rule_ids": list(decision.rule_ids),
@@ -264,6 +285,22 @@ class AuditLog:
     @property
     def last_seq(self) -> int:
         return self._seq
+
+    @property
+    def signed(self) -> bool:
+        """Whether this log signs its records (and so what else it signs, see `sign`)."""
+        return self._key is not None
+
+    def sign(self, domain: str, body: bytes) -> str | None:
+        """The Ed25519 signature (hex) of `body` under `domain` with the log's key (None for an
+        unsigned log), for files kept beside the log that must be as trustworthy as it, such as
+        the proxy's ledger. The domain starts the signed message, so no such signature can pass
+        for a record's or the head's (`domain_message`)."""
+        return None if self._key is None else self._key.sign(domain_message(domain, body)).hex()
+
+    def signature_valid(self, domain: str, body: bytes, signature: object) -> bool:
+        """Whether `signature` is this log's key's signature of `body` under `domain`."""
+        return self._key is not None and domain_signature_valid(self._key.public_key(), domain, body, signature)
 
     def state(self) -> dict[str, Any]:
         """Where the log ends now, for a checkpoint: {"seq", "log_id", "hash"} (plain values).

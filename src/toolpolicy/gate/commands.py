@@ -28,10 +28,17 @@ programs whose command lines it knows, with their known read-only flags:
   the work folder's `.git` is a real directory (not a file pointing elsewhere, not a
   symlink); the policy keeps its contents out of the agent's reach.
 
-What the view cannot see: what a recursive grep reads below the folders it is given (a
-`.env` inside them is read by `grep -r x .`; symlinks there are not followed, since
-`grep -R`, `find -L` and `ls -L` are not in the grammar), what is already committed to
-the repository (`git log -p`), and files that change between the decision and the run.
+- A program that reads the files inside a folder it is given (FOLDER_READERS: `grep -r`,
+  `diff DIR1 DIR2`, `diff -N`) has those files found on disk when the decision is made, and
+  their names, secret families and whether a followed symlink leads out are part of the
+  view, so `diff -N . empty` is refused where `cat .env` is. Programs the grammar does not
+  know (cp, tar, rsync, python ...) and flags it does not know (find -exec, -fprint, grep -R,
+  git diff --no-index) are refused; shell globs never reach a program (`*` is not in the
+  subset, and inside quotes it is a literal name).
+
+What the view cannot see: what is already committed to the repository (`git log -p`,
+`git show`, `git diff` print what git tracks, whatever its name on disk is now), a hard link
+to a secret under another name, and files that change between the decision and the run.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolpolicy.gate.paths import WorkFolder, invisible, path_view
+from toolpolicy.gate.paths import WorkFolder, invisible, name_key, path_view, secret_families
 
 _PLAIN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./-+=:,@%")
 _NOT_IN_DOUBLE_QUOTES = frozenset('"$`\\!')
@@ -163,27 +170,116 @@ class _Refused(Exception):
 
 def command_view(text: str, folder: WorkFolder) -> dict[str, Any]:
     """The view of a command line described in the module docstring, as plain JSON for CEL:
-    {ok, problem, argv, program, subcommand, paths, names, inside, own_repository}."""
+    {ok, problem, argv, program, subcommand, paths, names, secrets, inside, reads, own_repository}.
+
+    `names` and `secrets` cover every file the command reads: the files it names and, for a
+    program that reads the files inside a folder it is given (FOLDER_READERS), every file
+    there, found on disk; `reads` lists those folders (relative to the work folder)."""
     view: dict[str, Any] = {"ok": False, "problem": "", "argv": [], "program": "", "subcommand": "",
-                            "paths": [], "names": [], "inside": True, "own_repository": False}
+                            "paths": [], "names": [], "secrets": [], "inside": True, "reads": [],
+                            "own_repository": False}
     try:
         argv = split_words(text)
         view["argv"] = argv
         program, subcommand, words = _program(argv)
         view["program"], view["subcommand"] = program, subcommand
-        files = _find_files(words) if program == "find" else _files(_grammar_of(program, subcommand), words)
+        flags: set[str] = set()
+        files = _find_files(words) if program == "find" else _files(_grammar_of(program, subcommand), words, flags)
+        reading = _folder_reading(program, flags)
+        if reading is not None and not files and reading == "tree":
+            files = ["."]  # grep -r with no file reads the folder it runs in
+        paths = [path_view(name, folder) for name in files]
+        names = {name for path in paths for name in path["names"]}
+        inside = all(path["plain"] and path["inside"] for path in paths)
+        reads: list[str] = []
+        if reading is not None and inside:
+            found, reads, inside = _files_in_folders(paths, folder, follow=reading == "entries", below=reading == "tree")
+            names |= found
     except _Refused as refusal:
         view["problem"] = str(refusal)
         return view
-    paths = [path_view(name, folder) for name in files]
     view.update(
         ok=True,
         paths=paths,
-        names=sorted({name for path in paths for name in path["names"]}),
-        inside=all(path["plain"] and path["inside"] for path in paths),
+        names=sorted(names),
+        secrets=secret_families(names),
+        inside=inside,
+        reads=reads,
         own_repository=program == "git" and _is_real_directory(folder, ".git"),
     )
     return view
+
+
+FOLDER_READERS: dict[str, tuple[frozenset[str] | None, str]] = {
+    "grep": (frozenset({"-r", "--recursive"}), "tree"),
+    "diff": (None, "entries"),
+}
+"""Programs that read the files inside a folder operand: with one of the flags (None: always),
+"tree" (every file below it, symlinks met inside not followed, as `grep -r` reads) or
+"entries" (the files directly in it, symlinks followed, as `diff DIR1 DIR2` compares them and
+`-N` prints those only one side has). The other known programs read only the files they name
+(`cat DIR`, `head DIR`, `wc DIR` fail on a folder) or only list names (ls, find, tree, du, stat).
+MAX_FILES_READ bounds the walk: a command reaching more files is refused."""
+MAX_FILES_READ = 10_000
+
+
+def _folder_reading(program: str, flags: set[str]) -> str | None:
+    """How `program` with `flags` reads its folder operands ("tree", "entries"), or None."""
+    rule = FOLDER_READERS.get(program)
+    if rule is None:
+        return None
+    needs, how = rule
+    return how if needs is None or needs & flags else None
+
+
+def _files_in_folders(paths: list[dict[str, Any]], folder: WorkFolder, follow: bool,
+                      below: bool) -> tuple[set[str], list[str], bool]:
+    """The names of every file the program reads inside the folders among `paths` (each
+    component of its path, as path views name them), those folders, and whether every file
+    it reaches stays inside the work folder (a followed symlink may lead out). `below`: the
+    folders below too; `follow`: symlinks among the files are read through (their targets'
+    names count), else skipped. _Refused when the work folder is not on this disk (what a
+    folder holds cannot be seen) or the folders hold more than MAX_FILES_READ entries."""
+    if not folder.real:
+        raise _Refused("the work folder is not on this machine, so the files inside a folder this command reads "
+                       "cannot be checked")
+    names: set[str] = set()
+    reads: list[str] = []
+    inside, seen = True, 0
+    for path in paths:
+        relative = path["resolved"] or path["relative"]
+        top = os.path.join(folder.real, relative) if relative != "." else folder.real
+        if not os.path.isdir(top):
+            continue
+        reads.append(relative)
+        pending = [(top, "" if relative == "." else relative)]
+        while pending:
+            current, within = pending.pop()
+            try:
+                with os.scandir(current) as listing:
+                    entries = list(listing)
+            except OSError:
+                continue
+            seen += len(entries)
+            if seen > MAX_FILES_READ:
+                raise _Refused(f"the command reads more than {MAX_FILES_READ:,} files inside {relative!r}; "
+                               "name narrower folders or files")
+            for entry in entries:
+                place = f"{within}/{entry.name}" if within else entry.name
+                if entry.is_symlink():
+                    if follow:
+                        target = path_view(place, folder)
+                        names.update(target["names"])
+                        inside = inside and target["inside"]
+                    continue  # grep -r does not follow a symlink it meets inside the folder
+                if entry.is_dir(follow_symlinks=False):
+                    if below:
+                        names.add(name_key(entry.name))
+                        pending.append((entry.path, place))
+                    continue
+                names.add(name_key(entry.name))
+        names.update(name_key(part) for part in relative.split("/") if part != ".")
+    return names - {""}, reads, inside
 
 
 def split_words(text: str) -> list[str]:
@@ -243,8 +339,9 @@ def _grammar_of(program: str, subcommand: str) -> Grammar:
     return GIT_SUBCOMMANDS[subcommand] if program == "git" else GRAMMARS[program]
 
 
-def _files(grammar: Grammar, words: list[str]) -> list[str]:
-    """The file names among `words` (flag values and operands), checking every flag."""
+def _files(grammar: Grammar, words: list[str], flags: set[str] | None = None) -> list[str]:
+    """The file names among `words` (flag values and operands), checking every flag; the flags
+    seen are added to `flags`."""
     files: list[str] = []
     operands: list[str] = []
     pattern_given = False
@@ -264,6 +361,8 @@ def _files(grammar: Grammar, words: list[str]) -> list[str]:
             continue
         for flag, kind, value, used_next in _flags(grammar, word, words[i] if i < len(words) else None):
             i += used_next
+            if flags is not None:
+                flags.add(flag)
             if kind is not None:
                 _check_value(flag, kind, value, files)
                 pattern_given |= flag in ("-e", "--regexp")

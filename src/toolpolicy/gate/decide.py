@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -46,9 +47,9 @@ import cel
 import jsonschema
 
 from toolpolicy.gate.audit import AuditLog
-from toolpolicy.gate.ledger import Ledger, plain_json_problem
+from toolpolicy.gate.ledger import MAX_TOOL_NAME_CHARS, Ledger, plain_json_problem
 from toolpolicy.gate.paths import WorkFolder
-from toolpolicy.gate.policy import ALL_TOOLS, PARSERS, Policy, PolicyError, Rule, ToolRules, clip
+from toolpolicy.gate.policy import ALL_TOOLS, PARSERS, Policy, PolicyError, Rule, ToolRules, clip, tally_argument_problems
 from toolpolicy.gate.schema import ArgumentSchema
 from toolpolicy.gate.values import VALUE_FUNCTIONS
 from toolpolicy.types import ToolCall, ToolSpec
@@ -180,6 +181,7 @@ class Gate:
             unknown = sorted(policy.tool_names() - set(self._validators))
             where = {
                 name: [f"rule {r.id!r}" for r in policy.rules if r.tools and name in r.tools]
+                + [f"session.{t.name}" for t in policy.tallies if t.tools and name in t.tools]
                 or (["parse"] if name in policy.parse else ["limits"])
                 for name in unknown
             }
@@ -210,12 +212,19 @@ class Gate:
         that cannot be written (AuditError): that is an infrastructure failure, which the
         engine marks as such rather than letting an unlogged call run.
         """
-        decision = self.evaluate(call, ledger)
-        if decision.effect == "ask":
-            decision = self._settle(call, decision)
+        return self.conclude(call, self.evaluate(call, ledger))
+
+    def conclude(self, call: ToolCall, evaluated: Decision) -> Decision:
+        """The final decision from `evaluate`'s answer: an ask settled by the approver, the
+        decision logged once to the audit log (AuditError if it cannot be)."""
+        decision = self._settle(call, evaluated) if evaluated.effect == "ask" else evaluated
         if self.audit is not None:
             self.audit.append(decision, call, self.policy.hash)
         return decision
+
+    def knows(self, name: object) -> bool:
+        """Whether `name` is one of this gate's tools."""
+        return isinstance(name, str) and name in self._validators
 
     def evaluate(self, call: ToolCall, ledger: Ledger | None = None) -> Decision:
         """The policy's answer alone (allow, deny or ask), without approver or audit log.
@@ -234,10 +243,13 @@ class Gate:
         validator = self._validators.get(name) if isinstance(name, str) else None
         if validator is None:
             available = ", ".join(self._validators) or "none"
+            too_long = isinstance(name, str) and len(name) > MAX_TOOL_NAME_CHARS
             return Decision(
                 "deny",
                 ("gate:unknown_tool",),
-                f"there is no tool named {name!r:.60}.",
+                f"a tool name is at most {MAX_TOOL_NAME_CHARS} characters; this one has {len(name):,}."
+                if too_long
+                else f"there is no tool named {name!r:.60}.",
                 f"Available tools: {available}.",
                 outcome="unknown_tool",
             )
@@ -255,6 +267,8 @@ class Gate:
                 outcome="malformed",
             )
 
+        if self.policy.tallies:  # the session's running totals the conditions read (gate/session.py)
+            ledger.bind_tallies(self.policy.tallies)
         rules = self.policy.rules_for(name)
         context = _LazyContext(name, args, ledger, rules, self._parsers.get(name, _NO_PARSERS))
         forbidding, reasons = [], []
@@ -305,12 +319,12 @@ class Gate:
     def _limits_exceeded(self, name: str, ledger: Ledger) -> Decision | None:
         limits = self.policy.limits
         hits: list[tuple[str, str]] = []
-        for key, used in ((name, ledger.counts.get(name, 0)), (ALL_TOOLS, ledger.total_calls)):
+        for key, used in ((name, ledger.calls_of(name)), (ALL_TOOLS, ledger.total_calls)):
             cap = limits.max_calls.get(key)
             if cap is not None and used >= cap:
                 what = f"{name} may run" if key != ALL_TOOLS else "tools may run"
                 hits.append((f"limit:max_calls:{key}", f"{what} at most {cap} times per episode"))
-        for key, used in ((name, ledger.denials.get(name, 0)), (ALL_TOOLS, ledger.total_denials)):
+        for key, used in ((name, ledger.denials_of(name)), (ALL_TOOLS, ledger.total_denials)):
             cap = limits.max_denials.get(key)
             if cap is not None and used >= cap:
                 what = f"{name} calls were" if key != ALL_TOOLS else "tool calls were"
@@ -335,7 +349,8 @@ class Gate:
         )
 
     def _error_reason(self, rule: Rule, detail: str) -> str:
-        return f"rule {rule.id} could not be evaluated ({clip(self.policy.redact(detail), MAX_DETAIL_CHARS)})"
+        shown = without_quoted_values(detail, rule.when or "")
+        return f"rule {rule.id} could not be evaluated ({clip(self.policy.redact(shown), MAX_DETAIL_CHARS)})"
 
     def _settle(self, call: ToolCall, decision: Decision) -> Decision:
         """An ask settled by the approver; the decision keeps its id and rule ids."""
@@ -345,9 +360,9 @@ class Gate:
             )
         try:
             approved = self.approver(call, decision) is True
-        except Exception as error:  # a failing approver is a refusal
+        except Exception as error:  # a failing approver is a refusal; its message may quote the call, so only its type
             return dataclasses.replace(
-                decision, effect="deny", outcome="denied", reason=f"{decision.reason} (approver failed: {_detail(error, self.policy)})"
+                decision, effect="deny", outcome="denied", reason=f"{decision.reason} (approver failed: {type(error).__name__})"
             )
         if approved:
             return dataclasses.replace(decision, effect="allow", outcome="allowed", reason=f"{decision.reason} (approved)")
@@ -384,9 +399,9 @@ class _LazyContext:
         if key == "history":
             return list(ledger.history)
         if key == "counts":
-            return ledger.counts
+            return ledger.seen_by(ledger.counts, self._name)
         if key == "denials":
-            return ledger.denials
+            return ledger.seen_by(ledger.denials, self._name)
         return ledger.denied_before(self._name, self._args)  # "denied_before"
 
     def get(self) -> Any:
@@ -397,8 +412,12 @@ class _LazyContext:
         if "state" in variables and self._ledger.facts_problem is not None:
             self._built = f"state: {self._ledger.facts_problem}"
             return self._built
+        session = self._ledger.session_view(self._name, self._args) if "session" in variables else {}
+        if isinstance(session, str):  # a tally that is no longer exact: every condition fails, closed
+            self._built = f"session: {session}"
+            return self._built
         try:
-            values = {key: self._value(key) for key in variables}
+            values = {key: session if key == "session" else self._value(key) for key in variables}
         except Exception as error:  # a parser bug: fail closed, naming it
             self._built = f"the arguments could not be parsed: {type(error).__name__}"
             return self._built
@@ -432,6 +451,7 @@ def _unknown_arguments(policy: Policy, specs: list[ToolSpec]) -> list[str]:
                 problems.append(f"rule {rule.id!r}: when reads args.{name}, which no tool has")
             elif rule.tools is not None and lacking:
                 problems.append(f"rule {rule.id!r}: when reads args.{name}, which {', '.join(lacking)} does not have")
+    problems += tally_argument_problems(policy, closed)
     schemas = {spec.name: spec.parameters for spec in specs}
     for tool, table in policy.parse.items():
         properties = schemas.get(tool, {}).get("properties", {}) if tool in schemas else None
@@ -482,7 +502,7 @@ def _condition(rule: Rule, context: _LazyContext) -> bool | str:
         return f"{type(error).__name__}: {error}"
     if result is True or result is False:
         return result
-    return f"the condition gave {type(result).__name__} {result!r:.40}, not a boolean"
+    return f"the condition gave a {type(result).__name__}, not a boolean"  # never the value: it may be an argument
 
 
 def _decision(effect: GateEffect, rules: list[Rule], reasons: list[str]) -> Decision:
@@ -501,7 +521,30 @@ def _sentence(text: str) -> str:
 
 def _detail(error: BaseException, policy: Policy) -> str:
     try:
-        text = f"{type(error).__name__}: {error}"
+        text = without_quoted_values(f"{type(error).__name__}: {error}", "")
     except Exception:
         text = type(error).__name__
     return clip(policy.redact(text), MAX_DETAIL_CHARS)
+
+
+_QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+
+
+def without_quoted_values(detail: str, written: str) -> str:
+    """An error message as a decision's reason may show it: every quoted piece (CEL and Python
+    quote the values they fail on, `KeyError: 'PASSPORT123'` for `args[args.kind]`) replaced by
+    '...', unless the policy author wrote it in the condition (`written`), as a key a
+    condition reads is. The audit log promises a digest of the arguments, never a value.
+
+    >>> without_quoted_values("KeyError: 'PASSPORT123'", "args[args.kind] == 1")
+    "KeyError: '...'"
+    >>> without_quoted_values("KeyError: 'verified'", "state.verified")
+    "KeyError: 'verified'"
+    """
+    def shown(match: re.Match[str]) -> str:
+        inner = match[0][1:-1]
+        if inner and re.search(rf"(?<![\w]){re.escape(inner)}(?![\w])", written):
+            return match[0]
+        return f"{match[0][0]}...{match[0][0]}"
+
+    return _QUOTED.sub(shown, detail)

@@ -38,19 +38,41 @@ class Admission:
 
 
 def admit(gate: Gate, ledger: Ledger, call: ToolCall) -> Admission:
-    """Decide on `call` (the gate appends the decision to its audit log, once) and record
-    in the ledger a call that will not run. Raises AuditError when the log cannot be written:
-    the caller must not run the call then."""
-    decision = gate.decide(call, ledger)
+    """Decide on `call` (the gate appends the decision to its audit log, once) and count it
+    in the ledger at once: a call that runs holds its place in `max_calls` from here, before
+    it runs; one that will not run is recorded as denied. The ledger's `admitting` lock is held
+    from the decision to the count, so calls admitted from several threads cannot all pass a
+    limit only some of them fit. Raises AuditError when the log cannot be written: the caller
+    must not run the call then."""
+    with ledger.admitting:
+        return conclude(gate, ledger, call, gate.evaluate(call, ledger))
+
+
+def conclude(gate: Gate, ledger: Ledger, call: ToolCall, evaluated: Decision) -> Admission:
+    """The second half of `admit`, for a caller that had the gate evaluate `call` elsewhere (the
+    proxy, in a worker thread with a deadline): settle an ask, log the decision once, count the
+    call. The caller must keep other admissions on `ledger` out between the two halves."""
+    decision = gate.conclude(call, evaluated)
     malformed, fault = decision.outcome in MALFORMED, decision.outcome == "gate_error"
     runs = decision.allowed or (not gate.enforce and not malformed and not fault)
-    if not runs:
+    if runs:
+        ledger.reserve(call)
+    elif decision.outcome == "unknown_tool" and not gate.knows(call.name):
+        ledger.refuse_unknown(call)
+    else:
         ledger.record(call, "denied")
     return Admission(decision, runs, malformed, fault)
 
 
 def settle(ledger: Ledger, call: ToolCall, ok: bool, facts: Mapping[str, Any] | None = None) -> None:
-    """Record an admitted call that ran: whether it succeeded, and the facts it established
-    (e.g. {"user_verified": True}), which later policy conditions read as `state`."""
+    """Record the outcome of an admitted call that ran (`admit` counted it already): whether it
+    succeeded, and the facts it established (e.g. {"user_verified": True}), which later policy
+    conditions read as `state`. A call whose outcome will never be known (the client gave up
+    after it was sent) is settled as failed: it counts, whatever happened to it."""
     ledger.record(call, "ok" if ok else "error")
     ledger.learn(facts or {})
+
+
+def release(ledger: Ledger, call: ToolCall) -> None:
+    """Take back the count of an admitted call that never reached its tool (see Ledger.release)."""
+    ledger.release(call)

@@ -18,6 +18,11 @@ read the text; it reads `path_view`, which says:
     names      every component, lower-cased, with trailing dots and spaces removed (what
                Windows would open), as written, as normalised and as resolved: a secret
                behind a symlink or an odd spelling still shows up by name.
+    secrets    the secret-file families (SECRET_FAMILIES) any of those names belongs to:
+               "dotenv", "ssh key", "credentials", ... ([] when none). A policy forbids
+               `size(parsed.path.secrets) > 0` instead of listing names, so `.env-production`,
+               `id_ed25519_sk` and `credentials.yml` are caught with `.env`, `id_rsa` and
+               `credentials.json`.
     problem    why the path is not plain, or not inside ("" when it is both).
 
 A policy permits a path that is plain and inside and forbids by name on top. The view
@@ -75,8 +80,8 @@ def path_view(text: str, folder: WorkFolder) -> dict[str, Any]:
     within = [_relative_parts(written, folder.name) for written in spellings]
     resolved = [_resolve(parts, folder.real) for parts in within if parts is not None] if folder.real else []
     inside = all(parts is not None for parts in within) and all(found is not None for found in resolved)
-    names = {_name(part) for written in spellings for part in written.split("/")}
-    names.update(_name(part) for found in resolved if found is not None for part in found)
+    names = {name_key(part) for written in spellings for part in written.split("/")}
+    names.update(name_key(part) for found in resolved if found is not None for part in found)
     spelling = _spelling_problem(text, normal)
     return {
         "plain": not spelling,
@@ -84,8 +89,68 @@ def path_view(text: str, folder: WorkFolder) -> dict[str, Any]:
         "relative": ("/".join(within[-1]) or ".") if inside else "",
         "resolved": ("/".join(resolved[-1]) or ".") if inside and resolved else "",
         "names": sorted(names - {""}),
+        "secrets": secret_families(names),
         "problem": spelling or ("" if inside else "the path leaves the work folder"),
     }
+
+
+SECRET_FAMILIES: dict[str, re.Pattern[str]] = {
+    family: re.compile(pattern)
+    for family, pattern in {
+        "dotenv": r"\.envrc|[^/]*\.env(?:[._-][^/]*)?",  # .env, .env.production, .env-prod, .env_local, prod.env
+        "ssh key": r"(?:[^/]*[._-])?id_(?:rsa|dsa|ecdsa|ed25519|ed448|xmss)[^/]*|identity(?:\.[^/]*)?|ssh_host_[^/]*"
+                   r"|[^/]*\.ppk|authorized_keys[^/]*|known_hosts[^/]*",
+        "ssh folder": r"\.ssh",
+        "netrc": r"[._]netrc",
+        "pgpass": r"\.pgpass|pgpass\.conf",
+        "package manager tokens": r"\.npmrc|\.yarnrc(?:\.yml)?|\.pypirc|\.gem|\.cargo|\.composer|\.nuget|\.m2",
+        "cloud credentials": r"\.aws|\.azure|gcloud|\.oci|\.docker|\.boto|\.s3cfg|\.vault-token|\.terraform\.d"
+                             r"|\.gnupg|\.password-store|token\.(?:json|pickle)|[^/]*\.tfstate(?:\.[^/]*)?",
+        "key file": r"[^/]*\.(?:pem|key|p12|pfx|jks|keystore|kdbx|ovpn|p8|ppk)",
+        "kubeconfig": r"\.kube|kubeconfig(?:[._-][^/]*)?|[^/]*\.kubeconfig",
+        "git credentials": r"\.git-credentials|\.gitcookies",
+        "system passwords": r"shadow|gshadow|\.htpasswd",
+    }.items()
+}
+"""Secret-file families, each a pattern a whole name (a path component, lower-cased, trailing dots
+and spaces dropped) matches. Names are at most a few hundred characters and no pattern nests a
+repetition, so matching is linear in the name. With WORD_FAMILIES, what `secrets` reports."""
+
+WORD_FAMILIES: dict[str, frozenset[str]] = {
+    "credentials": frozenset({"credential", "credentials", "creds"}),
+    "secrets": frozenset({"secret", "secrets"}),
+    "ssh key": frozenset({"rsa", "dsa", "ecdsa", "ed25519", "ed448"}),
+    "passwords": frozenset({"password", "passwords"}),
+}
+"""Families a name belongs to when one of its words (split at '.', '_', '-' and spaces) is one of
+these: `aws_credentials`, `credentials.yml`, `secrets_prod.json`, `client_secret_1.json`,
+`deploy_rsa.pub`. A document or source file (PROSE_OR_CODE) named so is about secrets, not one:
+`secret_santa_rules.md`, `credentials.py` hold text and code (exact-name families still apply)."""
+_ANY_FAMILY = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in SECRET_FAMILIES.values()))
+PROSE_OR_CODE = frozenset("md markdown rst adoc html htm pdf tex py js ts go rs java c h cpp rb".split())
+_WORDS = re.compile(r"[._\- ]+")
+_ANY_WORD = re.compile("|".join(sorted({word for members in WORD_FAMILIES.values() for word in members})))
+"""A name holding none of the family words as text holds none of them as a word."""
+
+
+def secret_families(names: set[str] | list[str]) -> list[str]:
+    """The families (SECRET_FAMILIES, WORD_FAMILIES) that any of `names` belongs to, sorted.
+
+    >>> secret_families({"config", ".env-production"}), secret_families({"id_ed25519_sk"})
+    (['dotenv'], ['ssh key'])
+    >>> secret_families({"credentials.yml"}), secret_families({"secret_santa_rules.md"})
+    (['credentials'], [])
+    """
+    found = set()
+    for name in names:
+        if _ANY_FAMILY.fullmatch(name):
+            found.update(family for family, pattern in SECRET_FAMILIES.items() if pattern.fullmatch(name))
+        if not _ANY_WORD.search(name):
+            continue
+        words = [word for word in _WORDS.split(name) if word]
+        if words and (len(words) == 1 or words[-1] not in PROSE_OR_CODE):
+            found.update(family for family, members in WORD_FAMILIES.items() if members.intersection(words))
+    return sorted(found)
 
 
 def normalise(text: str) -> str:
@@ -175,7 +240,7 @@ def _resolve(parts: list[str], real_root: str) -> list[str] | None:
     return target[len(real_root.rstrip(os.sep)) + 1 :].split(os.sep)
 
 
-def _name(part: str) -> str:
+def name_key(part: str) -> str:
     """A component as a case-insensitive file system that drops trailing dots and spaces
     would see it, so `.ENV.` and `.env ` are both `.env`."""
     return part.rstrip(". ").lower()

@@ -26,12 +26,22 @@ not have, a tool name no tool has) is checked when a Gate binds the policy to it
       max_denials: {"*": 20}                     # calls the gate denied, per episode: a cap on probing
       max_consecutive_errors: {"*": 3}           # retry budget; "*" = trailing errors of any tools
     redact: ['AKIA[0-9A-Z]{16}']                 # regexes replaced by [REDACTED] in tool output,
-                                                 # on top of DEFAULT_REDACT (always applied)
+                                                 # on top of DEFAULT_REDACT (always applied); run on RE2
+    session:                                     # running totals over the session's admitted calls,
+      written: {tools: [write_file], sum: double(size(args.content))}   # read as session.written
+                                                 # (gate/session.py: sum, when, per, within)
 
 Conditions read `tool`, `args`, `parsed` (the parsed arguments), `state` (facts tools
 recorded), `counts` (calls that ran, per tool), `denials` (calls denied, per tool),
-`denied_before` (this same call was denied earlier) and `history` (the last few calls;
-see gate/ledger.py). Every one of them costs the same at any point of an episode.
+`denied_before` (this same call was denied earlier), `history` (the last few calls;
+see gate/ledger.py) and `session` (the declared tallies, this call included; a rule
+reading a tally `session:` does not declare is a load error). Every one of them costs the
+same at any point of an episode.
+
+Patterns run in time linear in the text they scan: a policy's `redact` on RE2, and
+`matches` in conditions on the CEL binding's Rust `regex` crate; a pattern either engine
+cannot run (lookaround, backreferences, a program over its size limit) is a load error
+naming the rule or the `redact` entry and why (`linear_pattern`, `pattern_problems`).
 
 A missing `when` means the rule always applies; `when:` written with nothing after it
 (YAML null), `when: ""` or only spaces is an error, because a condition that was meant
@@ -49,6 +59,7 @@ so a decision only looks at the rules naming its tool plus the "*" rules.
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 import warnings
@@ -59,17 +70,23 @@ from pathlib import Path
 from typing import Any, Literal
 
 import cel
+import re2
 import yaml
 
 from toolpolicy.gate.commands import command_view
 from toolpolicy.gate.digest import canonical_json, sha256_hex
 from toolpolicy.gate.paths import WorkFolder, path_view
+from toolpolicy.gate.session import DEFAULT_MAX_KEYS, MAX_KEYS, MAX_WINDOW_CALLS, MAX_WINDOW_SECONDS, Tally
 from toolpolicy.gate.values import VALUE_FUNCTIONS
 
 Effect = Literal["permit", "forbid", "ask"]
 EFFECTS: tuple[Effect, ...] = ("permit", "forbid", "ask")
 DEFAULTS = ("allow", "deny")
-CONTEXT_VARIABLES = frozenset({"tool", "args", "parsed", "state", "history", "counts", "denials", "denied_before"})
+CONTEXT_VARIABLES = frozenset(
+    {"tool", "args", "parsed", "state", "history", "counts", "denials", "denied_before", "session"}
+)
+TALLY_VARIABLES = frozenset({"tool", "args"})
+"""What a tally's when, sum and per read: the call alone (gate/session.py)."""
 # Type names, as in `type(args.x) == string`, are reported by the CEL binding as variables.
 CEL_TYPE_NAMES = frozenset({"bool", "int", "uint", "double", "string", "bytes", "list", "map", "null_type", "type"})
 LIMIT_KINDS = ("max_calls", "max_denials", "max_consecutive_errors")
@@ -108,7 +125,9 @@ RULE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # and far above any condition a person writes.
 MAX_CONDITION_CHARS = 4000
 
-_TOP_KEYS = frozenset({"default", "rules", "limits", "redact", "description", "work_folder", "parse"})
+_TOP_KEYS = frozenset({"default", "rules", "limits", "redact", "description", "work_folder", "parse", "session"})
+_TALLY_KEYS = frozenset({"tools", "when", "sum", "per", "within", "max_keys", "description"})
+TALLY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 PARSERS: dict[str, Callable[[str, WorkFolder], dict[str, Any]]] = {"path": path_view, "command": command_view}
 """What `parse:` can make of a string argument, for conditions to read as `parsed.<argument>`."""
@@ -211,7 +230,8 @@ class Policy:
     default: Literal["allow", "deny"]
     rules: tuple[Rule, ...]
     limits: CallLimits
-    redact_patterns: tuple[re.Pattern[str], ...]
+    redact_patterns: tuple[Any, ...]
+    """The policy's `redact` patterns compiled by RE2 (`re2._Regexp`: search, finditer, sub, pattern)."""
     source: str
     hash: str
     description: str = ""
@@ -222,6 +242,8 @@ class Policy:
     warnings: tuple[str, ...] = ()
     """What the policy allows that its author likely did not mean (`substring_warnings`);
     each is also issued as a PolicyWarning when the policy is built."""
+    tallies: tuple[Tally, ...] = ()
+    """The running totals of `session:`, read by conditions as `session.<name>` (gate/session.py)."""
     _index: dict[str, ToolRules] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
@@ -275,6 +297,7 @@ class Policy:
         named = {name for rule in self.rules for name in rule.tools or ()}
         named |= set(self.limits.max_calls) | set(self.limits.max_consecutive_errors) | set(self.limits.max_denials)
         named |= set(self.parse)
+        named |= {name for tally in self.tallies for name in tally.tools or ()}
         named.discard(ALL_TOOLS)
         return named
 
@@ -329,6 +352,8 @@ def _build(data: Any, source: str) -> Policy:
     patterns = _redact(data.get("redact"), problems)
     work_folder = _work_folder(data.get("work_folder"), problems)
     parse = _parse(data.get("parse"), problems)
+    tallies = _tallies(data.get("session"), problems)
+    problems.extend(_undeclared_tallies(rules, tallies))
     if parse and not work_folder and "work_folder" not in data:
         problems.append("parse needs a work_folder (the folder paths are confined to, e.g. /workspace)")
     problems.extend(_unparsed_reads(rules, parse))
@@ -360,6 +385,8 @@ def _build(data: Any, source: str) -> Policy:
     }
     if work_folder or parse:  # absent from older policies' content, so their hashes stay as they were
         content.update(work_folder=work_folder, parse={tool: dict(table) for tool, table in parse.items()})
+    if tallies:  # likewise
+        content["session"] = {tally.name: _tally_content(tally) for tally in tallies}
     found = substring_warnings(rules)
     for warning in found:
         warnings.warn(f"{source}: {warning}", PolicyWarning, stacklevel=4)
@@ -374,6 +401,7 @@ def _build(data: Any, source: str) -> Policy:
         work_folder,
         parse,
         tuple(found),
+        tuple(tallies),
     )
 
 
@@ -438,6 +466,120 @@ def _parse(raw: Any, problems: list[str]) -> dict[str, dict[str, str]]:
             else:
                 table.setdefault(tool, {})[argument] = kind
     return table
+
+
+def _tallies(raw: Any, problems: list[str]) -> list[Tally]:
+    """The `session:` table: {name: {tools, sum, when, per, within, max_keys}} (gate/session.py),
+    each expression compiled and checked to read only the call (`tool`, `args`)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, dict):
+        problems.append(f"session must map tally names to their definitions, not {_kind(raw)}")
+        return []
+    tallies = []
+    for name, item in raw.items():
+        if not isinstance(name, str) or not TALLY_NAME.match(name):
+            problems.append(f"session: {_show(name)} must be a name of letters, digits and '_' (read as session.<name>)")
+            continue
+        label = f"session.{name}"
+        if not isinstance(item, dict):
+            problems.append(f"{label} must be a mapping with tools (and sum, when, per, within), not {_kind(item)}")
+            continue
+        before = len(problems)
+        tally = _tally(name, item, label, problems)
+        if tally is not None and len(problems) == before:
+            tallies.append(tally)
+    return tallies
+
+
+def _tally(name: str, item: dict[Any, Any], label: str, problems: list[str]) -> Tally | None:
+    for key in item:
+        if key not in _TALLY_KEYS:
+            problems.append(f"{label}: unknown key {_show(key)} (expected one of {', '.join(sorted(_TALLY_KEYS))})")
+    _optional_text(item.get("description"), f"{label}: description", problems)
+    tools = _rule_tools(item.get("tools"), label, problems)
+    programs: list[Any] = []
+    functions: set[str] = set()
+    sources: dict[str, str | None] = {}
+    for part in ("when", "sum", "per"):
+        source = item.get(part)
+        sources[part] = source
+        if part in item and not isinstance(source, str):
+            problems.append(f"{label}: {part} must be a CEL expression string, not {_kind(source)} (quote it in YAML)")
+            programs.append(None)
+            continue
+        compiled = _compile_condition(source, label, problems, TALLY_VARIABLES, part) if source is not None else None
+        programs.append(compiled[0] if compiled else None)
+        if compiled:
+            functions |= {f for f in compiled[0].functions() if f in VALUE_FUNCTIONS}
+    calls, seconds = _window(item.get("within"), label, problems)
+    max_keys = item.get("max_keys", DEFAULT_MAX_KEYS)
+    if isinstance(max_keys, bool) or not isinstance(max_keys, int) or not 1 <= max_keys <= MAX_KEYS:
+        problems.append(f"{label}: max_keys {_show(max_keys)} must be a whole number from 1 to {MAX_KEYS}")
+    elif "max_keys" in item and "per" not in item:
+        problems.append(f"{label}: max_keys needs per (without per there is one key)")
+    if tools is False or not isinstance(max_keys, int):
+        return None
+    definition = {"tools": ALL_TOOLS if tools is None else list(tools), **sources, "calls": calls, "seconds": seconds,
+                  "max_keys": max_keys}
+    return Tally(name, tools, sources["when"], sources["sum"], sources["per"], calls, seconds, max_keys,
+                 sha256_hex(canonical_json(definition))[:32], (programs[0], programs[1], programs[2]), frozenset(functions))
+
+
+def _window(raw: Any, label: str, problems: list[str]) -> tuple[int, float]:
+    """`within`: {calls: N} or {seconds: S} -> (calls, seconds); omitted: (0, 0), the whole session."""
+    if raw is None:
+        return 0, 0.0
+    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in ("calls", "seconds"):
+        problems.append(f"{label}: within must be {{calls: N}} or {{seconds: S}} (omit it for the whole session), not {_show(raw)}")
+        return 0, 0.0
+    (kind, value), = raw.items()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        problems.append(f"{label}: within.{kind} {_show(value)} must be a number")
+    elif kind == "calls" and (not isinstance(value, int) or not 1 <= value <= MAX_WINDOW_CALLS):
+        problems.append(f"{label}: within.calls {_show(value)} must be a whole number from 1 to {MAX_WINDOW_CALLS:,}")
+    elif kind == "seconds" and not 1 <= value <= MAX_WINDOW_SECONDS:
+        problems.append(f"{label}: within.seconds {_show(value)} must be from 1 to {MAX_WINDOW_SECONDS:,.0f} (ten years)")
+    else:
+        return (value, 0.0) if kind == "calls" else (0, float(value))
+    return 0, 0.0
+
+
+def _tally_content(tally: Tally) -> dict[str, Any]:
+    return {"tools": ALL_TOOLS if tally.tools is None else list(tally.tools), "when": tally.when, "sum": tally.sum,
+            "per": tally.per, "calls": tally.calls, "seconds": tally.seconds, "max_keys": tally.max_keys}
+
+
+def tally_argument_problems(policy: Policy, declared: Mapping[str, frozenset[str] | None]) -> list[str]:
+    """A tally reading an argument its tools do not have (`declared`: tool -> argument names,
+    None for a tool that takes any), checked when a Gate binds the policy to its tools: the
+    tally would be unknown after the first call it counts."""
+    problems = []
+    for tally in policy.tallies:
+        read = set().union(*(references(source, "args") for source in (tally.when, tally.sum, tally.per) if source))
+        tools = [t for t in (tally.tools or declared) if t in declared]
+        for name in sorted(read):
+            lacking = [t for t in tools if declared[t] is not None and name not in declared[t]]  # type: ignore[operator]
+            if tally.tools is None and tools and len(lacking) == len(tools):
+                problems.append(f"session.{tally.name}: reads args.{name}, which no tool has")
+            elif tally.tools is not None and lacking:
+                problems.append(f"session.{tally.name}: reads args.{name}, which {', '.join(lacking)} does not have")
+    return problems
+
+
+def _undeclared_tallies(rules: list[Rule], tallies: list[Tally]) -> list[str]:
+    """A rule reading `session.X` with no tally X in `session:` would fail on every call; refused here."""
+    declared = {tally.name for tally in tallies}
+    problems = []
+    for rule in rules:
+        if "session" not in rule.variables:
+            continue
+        missing = sorted(references(rule.when or "", "session") - declared)
+        if missing:
+            known = ", ".join(sorted(declared)) or "none are declared"
+            problems.append(f"rule {rule.id!r}: when reads session.{', session.'.join(missing)}, which session: does not "
+                            f"declare (tallies: {known})")
+    return problems
 
 
 def _unparsed_reads(rules: list[Rule], parse: Mapping[str, Mapping[str, str]]) -> list[str]:
@@ -548,41 +690,90 @@ def _rule_tools(raw: Any, label: str, problems: list[str]) -> tuple[str, ...] | 
     return tuple(dict.fromkeys(raw))
 
 
-def _compile_condition(source: str, label: str, problems: list[str]) -> tuple[Any, frozenset[str]] | None:
+def _compile_condition(
+    source: str, label: str, problems: list[str], allowed: frozenset[str] = CONTEXT_VARIABLES, part: str = "when"
+) -> tuple[Any, frozenset[str]] | None:
+    """`source` compiled, with the context variables it reads; None (problems recorded) when it
+    is blank, too long, does not compile, reads a variable outside `allowed` or calls an unknown
+    function. `part` names the field in the messages."""
     if not source.strip():
+        if part != "when":
+            problems.append(f"{label}: {part} is empty")
+            return None
         problems.append(f"{label}: when is empty; write the condition, or remove 'when' for a rule that always applies")
         return None
     if len(source) > MAX_CONDITION_CHARS:
-        problems.append(f"{label}: when is {len(source)} characters; the limit is {MAX_CONDITION_CHARS}")
+        problems.append(f"{label}: {part} is {len(source)} characters; the limit is {MAX_CONDITION_CHARS}")
         return None
     try:
         program = _compile(source)
     except Exception as error:  # the binding raises ValueError; anything else is still a bad condition
         detail = " ".join(str(error).split())
-        problems.append(f"{label}: when does not compile as CEL: {clip(detail, 300)}")
+        problems.append(f"{label}: {part} does not compile as CEL: {clip(detail, 300)}")
         return None
     bound = set(_BOUND_NAME.findall(source))
-    unknown_vars = sorted(set(program.variables()) - CONTEXT_VARIABLES - CEL_TYPE_NAMES - bound)
+    unknown_vars = sorted(set(program.variables()) - allowed - CEL_TYPE_NAMES - bound)
     if unknown_vars:
         problems.append(
-            f"{label}: when reads unknown variable(s) {', '.join(unknown_vars)}"
-            f" (conditions see {', '.join(sorted(CONTEXT_VARIABLES))})"
+            f"{label}: {part} reads unknown variable(s) {', '.join(unknown_vars)}"
+            f" ({'conditions see' if part == 'when' else 'it can read'} {', '.join(sorted(allowed))})"
         )
     unknown_functions = sorted(name for name in program.functions() if name[0].isalpha() and name not in CEL_FUNCTIONS)
     if unknown_functions:
         problems.append(
-            f"{label}: when calls unknown function(s) {', '.join(unknown_functions)}"
+            f"{label}: {part} calls unknown function(s) {', '.join(unknown_functions)}"
             f" (available: {', '.join(sorted(CEL_FUNCTIONS))})"
         )
     if unknown_vars or unknown_functions:
         return None
-    return program, frozenset(program.variables()) & CONTEXT_VARIABLES
+    bad_patterns = pattern_problems(source)
+    if bad_patterns:
+        problems.extend(f"{label}: {part} {problem}" for problem in bad_patterns)
+        return None
+    return program, frozenset(program.variables()) & allowed
 
 
 # CEL string literals. Raw ones (r or R prefix) have no escapes; the others take \x escapes.
 _RAW_STRING = r"(?:[rR][bB]?|[bB][rR])(?:'{3}[\s\S]*?'{3}|\"{3}[\s\S]*?\"{3}|'[^'\n]*'|\"[^\"\n]*\")"
 _ESCAPED_STRING = r"[bB]?(?:'{3}(?:\\[\s\S]|[^\\])*?'{3}|\"{3}(?:\\[\s\S]|[^\\])*?\"{3}|'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")"
 _CEL_STRING = re.compile(f"(?<![A-Za-z0-9_])(?:{_RAW_STRING}|{_ESCAPED_STRING})")
+_LITERAL = f"(?<![A-Za-z0-9_])(?:{_RAW_STRING}|{_ESCAPED_STRING})"
+_MATCHES_LITERAL = re.compile(rf"\.\s*matches\s*\(\s*({_LITERAL})\s*\)|(?<![\w.])matches\s*\(\s*[^,()]+,\s*({_LITERAL})\s*\)")
+
+
+def pattern_problems(source: str) -> list[str]:
+    """Why each literal pattern of `matches` in `source` cannot run, as the CEL engine's own
+    `matches` says when it is handed it (empty when all can).
+
+    The CEL binding (`common-expression-language`, a Rust crate) runs `matches` on the Rust
+    `regex` crate, which matches in time linear in the text and has no lookaround or
+    backreferences; it compiles a pattern when the condition runs, so a pattern it refuses
+    would make the condition fail on every call. Patterns that are not literals (taken from
+    an argument) are run on the same engine, and fail closed when they do not compile.
+
+    >>> pattern_problems("args.to.matches(r'^[a-z]+@example[.]com$')")
+    []
+    >>> pattern_problems("args.x.matches('(?=a)b')")[0][:58]
+    "pattern '(?=a)b' cannot run on CEL's regex engine: regex p"
+    """
+    problems = []
+    for match in _MATCHES_LITERAL.finditer(source):
+        literal = match.group(1) or match.group(2)
+        reason = _cel_pattern_problem(literal)
+        if reason:
+            problems.append(f"pattern {clip(literal, 60)} cannot run on CEL's regex engine: {clip(reason, 200)}")
+    return problems
+
+
+@lru_cache(maxsize=1024)
+def _cel_pattern_problem(literal: str) -> str:
+    """"" if CEL's `matches` runs the pattern written as the CEL string `literal`, else its error."""
+    try:
+        cel.compile(f"''.matches({literal})").execute(cel.Context())
+    except Exception as error:  # RuntimeError from the binding, naming the regex crate's complaint
+        text = " ".join(str(error).split())
+        return text.split("not a valid regex: ", 1)[-1]
+    return ""
 
 
 def references(source: str, variable: str) -> frozenset[str]:
@@ -676,7 +867,8 @@ def _limits(raw: Any, problems: list[str]) -> CallLimits:
     return CallLimits(found["max_calls"], found["max_consecutive_errors"], found["max_denials"])
 
 
-def _redact(raw: Any, problems: list[str]) -> list[re.Pattern[str]]:
+def _redact(raw: Any, problems: list[str]) -> list[Any]:
+    """The `redact` patterns, compiled by RE2 (`linear_pattern`)."""
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -689,17 +881,36 @@ def _redact(raw: Any, problems: list[str]) -> list[re.Pattern[str]]:
             problems.append(f"{label}: {_show(text)} must be a non-empty regular expression string")
             continue
         try:
-            with warnings.catch_warnings():  # FutureWarning about set syntax is not the author's concern here
-                warnings.simplefilter("ignore")
-                pattern = re.compile(text)
-        except (re.error, RecursionError, OverflowError) as error:
-            problems.append(f"{label}: {text!r} is not a valid regular expression: {error}")
+            pattern = linear_pattern(text)
+        except ValueError as error:
+            problems.append(f"{label}: {clip(repr(text), 80)} {error}")
             continue
         if pattern.fullmatch(""):
             problems.append(f"{label}: {text!r} matches the empty string, so it would redact between every character")
             continue
         patterns.append(pattern)
     return patterns
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the reason is raised to the caller, not logged to stderr
+
+
+@lru_cache(maxsize=1024)
+def linear_pattern(text: str) -> Any:
+    """`text` compiled by RE2, whose matching time is linear in the text it scans whatever the
+    pattern (Python's `re` backtracks: `(a+)+$` takes exponential time on a run of a's). A
+    pattern RE2 cannot run is a ValueError saying why: lookaround, backreferences, possessive
+    or atomic groups, \\Z, a repetition over 1,000, a program over RE2's memory budget. RE2
+    reads \\d, \\s and \\w as ASCII classes, where `re` takes every script's digits and spaces."""
+    try:
+        return re2.compile(text, _RE2_OPTIONS)
+    except re2.error as error:
+        reason = error.args[0] if error.args else ""
+        reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+        raise ValueError(f"is not a pattern RE2 can run (the engine that matches in linear time): {reason or 'refused'}") from None
+    except (TypeError, OverflowError) as error:
+        raise ValueError(f"is not a pattern RE2 can compile: {type(error).__name__}") from None
 
 
 def _optional_text(value: Any, label: str, problems: list[str]) -> str:

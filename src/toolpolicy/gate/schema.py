@@ -102,13 +102,15 @@ _TYPES: dict[str, Check] = {
 
 class ArgumentSchema:
     """One tool's parameters schema: `problem(args)` is None when the arguments conform,
-    otherwise jsonschema's best description of what is wrong."""
+    otherwise what is wrong with jsonschema's best match, said without the value (see
+    `describe_error`)."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
         validator_class = jsonschema.validators.validator_for(schema)
         validator_class.check_schema(schema)  # SchemaError for a schema that is not one
         self._validator = validator_class(schema, format_checker=_FORMAT_CHECKER)
         self._fast = compile_simple(schema)
+        self._fields = declared_fields(schema)
 
     @property
     def fast(self) -> bool:
@@ -120,8 +122,7 @@ class ArgumentSchema:
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(arguments))
         if error is None:
             return None
-        where = "/".join(str(part) for part in error.absolute_path)
-        return f"{where}: {error.message}" if where else error.message
+        return describe_error(error, self._fields)
 
 
 def compile_simple(schema: Any) -> Check | None:
@@ -198,3 +199,86 @@ def _object_check(children: dict[str, Check], required: tuple[str, ...], extra: 
         return True
 
     return check
+
+
+def declared_fields(schema: Any) -> frozenset[str]:
+    """Every property name `schema` declares, at any depth: the field names an error may show."""
+    names: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            properties = node.get("properties")
+            if isinstance(properties, dict):
+                names.update(key for key in properties if isinstance(key, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return frozenset(names)
+
+
+def describe_error(error: jsonschema.ValidationError, fields: frozenset[str]) -> str:
+    """What is wrong, naming the field and the schema's rule, never the value: jsonschema's own
+    message quotes the value (`'X1234567' does not match '^[0-9]+$'`), and this text becomes a
+    denial's reason, which the audit log keeps and the model reads. A path part is shown when it
+    is an array index or a field the schema declares; a key the caller made up is not.
+
+    >>> schema = {"type": "object", "properties": {"passport": {"type": "string", "pattern": "^[0-9]+$"}}}
+    >>> describe_error(next(jsonschema.Draft202012Validator(schema).iter_errors({"passport": "X1234567"})), frozenset({"passport"}))
+    "passport: does not match the pattern '^[0-9]+$'"
+    """
+    where = "/".join(
+        str(part) if isinstance(part, int) or part in fields else "(a field the schema does not declare)"
+        for part in error.absolute_path
+    )
+    what = _rule_broken(error, fields)
+    return f"{where}: {what}" if where else what
+
+
+def _rule_broken(error: jsonschema.ValidationError, fields: frozenset[str]) -> str:
+    keyword, expected = error.validator, error.validator_value
+    if keyword == "required":
+        present = error.instance if isinstance(error.instance, dict) else {}
+        missing = [name for name in expected if name not in present] if isinstance(expected, list) else []
+        return f"{missing[0]!r} is a required property" if missing else "a required property is missing"
+    if keyword == "additionalProperties":
+        extra = [key for key in error.instance if key not in fields] if isinstance(error.instance, dict) else []
+        return f"has {len(extra) or 'a'} field{'s' if len(extra) > 1 else ''} the schema does not allow"
+    if keyword == "type":
+        kinds = expected if isinstance(expected, list) else [expected]
+        return f"must be of type {' or '.join(map(str, kinds))}, not {_json_type(error.instance)}"
+    words = {
+        "enum": "must be one of the values the schema lists",
+        "const": "must be the value the schema gives",
+        "pattern": f"does not match the pattern {_shown(expected)}",
+        "format": f"is not a {_shown(expected)}",
+        "minLength": f"is shorter than {expected} characters",
+        "maxLength": f"is longer than {expected} characters",
+        "minimum": f"is less than {expected}",
+        "maximum": f"is more than {expected}",
+        "exclusiveMinimum": f"is not more than {expected}",
+        "exclusiveMaximum": f"is not less than {expected}",
+        "multipleOf": f"is not a multiple of {expected}",
+        "minItems": f"has fewer than {expected} items",
+        "maxItems": f"has more than {expected} items",
+        "uniqueItems": "has repeated items",
+        "minProperties": f"has fewer than {expected} fields",
+        "maxProperties": f"has more than {expected} fields",
+        "propertyNames": "has a field name the schema does not allow",
+        "dependentRequired": "lacks a field that another field requires",
+        "dependencies": "lacks a field that another field requires",
+    }
+    return words.get(str(keyword), f"breaks the schema's {_shown(keyword)} rule")
+
+
+def _shown(value: Any) -> str:
+    """A value from the schema (never from the arguments), quoted and cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _json_type(value: Any) -> str:
+    for name in ("boolean", "integer", "number", "string", "null", "array", "object"):
+        if _TYPES[name](value):
+            return name
+    return type(value).__name__

@@ -24,7 +24,11 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+from toolpolicy.gate.ledger import MAX_TOOL_NAME_CHARS
+
+TOOL_NAME = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TOOL_NAME_CHARS}}}")
+"""A plain tool name, MCP's (2025-11-25 specification, Tools: 1 to 128 characters of ASCII
+letters, digits, `_`, `-` and `.`); the gate's cap on a name's length is the same bound."""
 
 # Format characters that render as nothing or reorder text: zero-width space, joiners,
 # word joiner, BOM, soft hyphen, and the bidirectional embeddings, overrides and isolates.

@@ -11,8 +11,12 @@ whole definition but its name), and the same for the server's instructions.
   use), unless the proxy runs with `require_approval`.
 - A tool that appears later, or whose definition differs from its pin, is *awaiting
   approval*: its definition is recorded as pending, and the proxy neither shows the
-  new definition nor runs the tool until someone runs
-  `toolpolicy gate approve --pins FILE TOOL`.
+  new definition nor runs the tool until an operator has reviewed it
+  (`toolpolicy gate approve --pins FILE` shows each pending definition and its SHA-256) and
+  approved that very definition by its digest (`toolpolicy gate approve --pins FILE
+  TOOL@SHA256`). An approval names what was reviewed, not what the server shows at the
+  moment of approving: a definition swapped after the review has another digest, and the
+  approval is refused, naming both.
 - Changed instructions are held back the same way: the client gets the approved text.
 
 The pins file is JSON:
@@ -86,18 +90,20 @@ def definition_hash(pinned: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Approval:
-    """One approved change: the definition before (None: a new tool) and the one now approved."""
+    """One approved change: the definition before (None: a new tool), the one now approved
+    and its digest (`definition_hash`), by which an operator approves it."""
 
     section: Section
     name: str
     before: dict[str, Any] | None
     after: dict[str, Any]
+    digest: str = ""
 
     def describe(self, status: str) -> str:
-        """The change field by field, so the operator sees what they accept."""
+        """The change field by field, so the operator sees what they accept, and its digest."""
         what = "server instructions" if self.section == "server" else f"tool {self.name}"
         kind = "new" if self.before is None else "changed"
-        lines = [f"{what}: {kind}, {status}"]
+        lines = [f"{what}: {kind}, {status}", f"  sha256: {self.digest}"]
         before = self.before or {}
         for field in sorted(set(before) | set(self.after)):
             was, now = before.get(field), self.after.get(field)
@@ -171,23 +177,34 @@ class PinStore:
             self._loaded_mtime = self._mtime()
         return awaiting, pins[section]
 
-    def approve(self, tools: list[str] | None, instructions: bool = False) -> list[Approval]:
-        """Make the pending definitions of `tools` (and of the server's instructions when
-        `instructions`) the approved ones; `tools` None approves everything pending.
-        PinsError for a name with nothing pending."""
+    def approve(self, tools: Mapping[str, str], instructions: str | None = None) -> list[Approval]:
+        """Make the pending definitions the operator reviewed the approved ones: `tools` maps each
+        tool name to the SHA-256 of the definition reviewed (as `pending` shows it), `instructions`
+        is that of the server's instructions. All or nothing, under the pins file's lock: PinsError
+        for a name with nothing pending, or whose pending definition has another digest (it
+        changed after the review), naming both digests."""
+        chosen = [("tools", name, digest) for name, digest in tools.items()]
+        if instructions is not None:
+            chosen.append(("server", INSTRUCTIONS, instructions))
         with self._locked():
             pins = self._read()
             waiting = {section: sorted(n for n, e in pins[section].items() if "pending" in e) for section in pins}
-            if tools is None:
-                chosen = [(section, name) for section, names in waiting.items() for name in names]
-            else:
-                chosen = [("tools", name) for name in dict.fromkeys(tools)] + [("server", INSTRUCTIONS)] * instructions
-            problems = [name for section, name in chosen if name not in waiting[section]]
-            if problems:
+            absent = [name for section, name, _ in chosen if name not in waiting[section]]
+            if absent:
                 known = ", ".join(waiting["tools"] + [f"(server {n})" for n in waiting["server"]]) or "none"
-                raise PinsError(f"nothing awaits approval for {', '.join(problems)} (awaiting: {known})")
+                raise PinsError(f"nothing awaits approval for {', '.join(absent)} (awaiting: {known})")
+            changed = [
+                f"{name}: the pending definition's digest is {pins[section][name]['pending']['sha256']}, not {digest}"
+                for section, name, digest in chosen
+                if pins[section][name]["pending"].get("sha256") != digest.strip().lower()
+            ]
+            if changed:
+                raise PinsError(
+                    "not approved: " + "; ".join(changed) + ". The definition changed after the review, or the digest is "
+                    f"mistyped: review it again with `toolpolicy gate approve --pins {self.path}`"
+                )
             now = _now()
-            approvals = [_approve(section, name, pins[section][name], now) for section, name in chosen]
+            approvals = [_approve(section, name, pins[section][name], now) for section, name, _ in chosen]
             if approvals:
                 self._write(pins)
         return approvals
@@ -196,7 +213,7 @@ class PinStore:
         """What awaits approval, as the approvals `approve` would make."""
         pins = self._read()
         return [
-            Approval(section, name, entry.get("definition"), entry["pending"]["definition"])
+            Approval(section, name, entry.get("definition"), entry["pending"]["definition"], entry["pending"]["sha256"])
             for section in ("server", "tools")
             for name, entry in sorted(pins[section].items())
             if "pending" in entry
@@ -256,7 +273,7 @@ class PinStore:
 def _approve(section: Section, name: str, entry: dict[str, Any], now: str) -> Approval:
     """Make `entry`'s pending definition its approved one, in place."""
     new = entry.pop("pending")
-    approval = Approval(section, name, entry.get("definition"), new["definition"])
+    approval = Approval(section, name, entry.get("definition"), new["definition"], new["sha256"])
     entry.pop("legacy", None)
     entry.update(sha256=new["sha256"], approved=now, definition=new["definition"])
     return approval

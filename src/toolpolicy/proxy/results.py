@@ -12,31 +12,31 @@ A client does not read each string alone, and neither does the model behind it: 
 joins a result's text blocks, decodes an image, reads JSON. So the redacted result is
 judged again as the client will assemble it (`assembled`): its text blocks joined (with
 nothing and with line ends between them), each base64 payload decoded (image, audio,
-blob), the structured content's values joined and as JSON, and each of these and every
-string also with base64 runs and %-escapes decoded and with Unicode folded (NFKC, format
-characters such as zero-width spaces removed). A secret that appears in any of them was
-split or encoded to pass redaction: the whole result is withheld, and the error says
-where the secret was found, never the secret. Compressed payloads (gzip, a PNG's zTXt
-chunk) are not opened.
+blob), the structured content's values joined and as JSON, and all its strings, each of
+these read in every spelling `gate/canonical.py` opens (`readings`: invisible characters
+removed, look-alikes of any script and numerals as ASCII, escapes, hex and base64 decoded,
+layer after layer). A secret that appears in any of them was split or encoded to pass
+redaction: the whole result is withheld, and the error says where the secret was found,
+never the secret. An upstream's error message is judged the same way (`failed_on`), and
+with a SessionStream (stream.py) so is what a result adds to what the session carried
+before, so a secret split across results is withheld too. Compressed payloads (gzip, a
+PNG's zTXt chunk) are not opened.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import json
-import re
-import sys
-import unicodedata
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import unquote
 
 import mcp_types as types
 from pydantic import ValidationError
 
 from toolpolicy.gate import Decision
+from toolpolicy.gate.canonical import TooDeep, readings
+from toolpolicy.proxy.stream import SessionStream
 
 META_KEY = "toolpolicy/decision"
 """Where every result carries the decision: effect, rule ids and the audit record's id."""
@@ -70,10 +70,15 @@ def redact_value(value: Any, redact: Callable[[str], str]) -> Any:
 
 
 def passed_on(
-    result: types.CallToolResult, redact: Callable[[str], str], decision: Decision, max_bytes: int
+    result: types.CallToolResult,
+    redact: Callable[[str], str],
+    decision: Decision,
+    max_bytes: int,
+    stream: SessionStream | None = None,
 ) -> types.CallToolResult:
     """The result the client gets: the upstream's, redacted and with the decision in
-    `_meta`; an error result if its text is over `max_bytes` or redaction broke it."""
+    `_meta`; an error result if its text is over `max_bytes`, if it shows a secret once
+    assembled (alone, or after what `stream` carried before), or if redaction broke it."""
     data = result.model_dump(by_alias=True, exclude_none=True, mode="json")
     size = text_bytes(data)
     if size > max_bytes:
@@ -83,13 +88,16 @@ def passed_on(
             decision,
         )
     clean = redact_value(data, redact)
-    hidden = hidden_secret(clean, redact)
+    hidden = hidden_secret(clean, redact) or _completed_secret(clean, redact, stream)
     if hidden is not None:
         return error_result(
             f"The tool's result was not passed on: a secret the policy redacts appears in {hidden}, split or encoded "
             "so that no single string of the result shows it.",
             decision,
         )
+    if stream is not None:
+        stream.carry("text", _texts(clean))
+        stream.carry("strings", strings_of(clean))
     meta = {**clean.get("_meta", {}), META_KEY: decision_meta(decision)}
     if clean == data:  # nothing to redact (the usual case): no need to rebuild the result
         return result.model_copy(update={"meta": meta})
@@ -99,29 +107,81 @@ def passed_on(
         return error_result("The tool's result was not passed on: it is malformed once secrets are redacted.", decision)
 
 
-BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
-"""A run that may be base64 (standard or URL-safe alphabet) hiding a secret inside a text."""
-
-
 def hidden_secret(data: dict[str, Any], redact: Callable[[str], str]) -> str | None:
     """Where a secret shows in what a client assembles from the redacted result `data`
-    (`assembled`), or None. `redact` finds a secret where it changes the text."""
+    (`assembled`, each read in every spelling `readings` opens), or None. `redact` finds a
+    secret where it changes the text."""
     for where, text in assembled(data):
-        if redact(text) != text:
-            return where
+        found = shown_secret(where, text, redact)
+        if found is not None:
+            return found
     return None
 
 
+def shown_secret(where: str, text: str, redact: Callable[[str], str]) -> str | None:
+    """`where`, told how `text` was read to show a secret `redact` replaces, or None."""
+    try:
+        for depth, reading in enumerate(readings(text)):
+            if redact(reading) != reading:
+                return where if depth == 0 and reading == text else f"{where} ({_how(depth)})"
+    except TooDeep:
+        return f"{where} (encoded more deeply than the proxy reads)"
+    return None
+
+
+def _how(depth: int) -> str:
+    return "its look-alike and invisible characters read as plain text" if depth == 0 else f"{depth} layers of encoding opened"
+
+
+def _completed_secret(data: dict[str, Any], redact: Callable[[str], str], stream: SessionStream | None) -> str | None:
+    """Where the result `data` completes a secret begun in what the session carried before, or None."""
+    if stream is None:
+        return None
+    for channel, where, pieces in (("text", "the result's text", _texts(data)), ("strings", "the result's strings", strings_of(data))):
+        how = stream.completes_secret(channel, list(pieces), redact)
+        if how is not None:
+            return f"{where} {how}"
+    return None
+
+
+def failed_on(text: str, redact: Callable[[str], str], decision: Decision | None, stream: SessionStream | None) -> types.CallToolResult:
+    """The error result that tells the client of the upstream's failure `text`: redacted, and
+    withheld as a result is when it shows a secret split or encoded (alone or after what
+    `stream` carried before)."""
+    clean = redact(text)
+    hidden = shown_secret("the MCP server's error message", clean, redact)
+    if hidden is None and stream is not None:
+        how = stream.completes_secret("text", [clean], redact)
+        hidden = None if how is None else f"the MCP server's error message {how}"
+    if hidden is not None:
+        return error_result(
+            f"The tool failed, and its error message was not passed on: a secret the policy redacts appears in {hidden}, "
+            "split or encoded.",
+            decision,
+        )
+    if stream is not None:
+        stream.carry("text", [clean])
+    return error_result(clean, decision)
+
+
+def error_text(text: str, redact: Callable[[str], str]) -> str:
+    """An upstream's error `text` as the client may read it: redacted, or, when it shows a
+    secret split or encoded, a note that it was withheld."""
+    clean = redact(text)
+    if shown_secret("the MCP server's error message", clean, redact) is None:
+        return clean
+    return "its error message was withheld: a secret the policy redacts appears in it, split or encoded"
+
+
 def assembled(data: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(where, text) for each text a client may put together from the result `data` (as JSON)
-    that is not one of its strings as it stands (those were redacted one by one)."""
-    blocks = data.get("content") or []
-    texts = [text for text in map(_block_text, blocks) if text is not None]
+    """(where, text) for each text a client may put together from the result `data` (as JSON):
+    its text blocks joined, its payloads decoded, its structured content, all its strings."""
+    texts = list(_texts(data))
     if len(texts) > 1:
-        yield from _readings("the result's text blocks joined", "".join(texts))
-        yield from _readings("the result's text blocks joined by line ends", "\n".join(texts))
+        yield "the result's text blocks joined", "".join(texts)
+        yield "the result's text blocks joined by line ends", "\n".join(texts)
     payloads = {}
-    for number, block in enumerate(blocks, 1):
+    for number, block in enumerate(data.get("content") or [], 1):
         payload = _block_payload(block)
         if payload is not None:
             payloads[payload] = f"content block {number}'s data decoded from base64"
@@ -129,33 +189,14 @@ def assembled(data: dict[str, Any]) -> Iterator[tuple[str, str]]:
         yield where, _base64_text(payload) or ""
     structured = data.get("structuredContent")
     if structured is not None:
-        yield from _readings("the structured content's values joined", "".join(_strings(structured, keys=False)))
-        yield from _readings("the structured content as JSON", json.dumps(structured, ensure_ascii=False))
-    for number, text in enumerate(_strings(data), 1):
-        if text not in payloads:
-            yield from _readings(f"string {number} of the result", text, itself=False)
+        yield "the structured content's values joined", "".join(strings_of(structured, keys=False))
+        yield "the structured content as JSON", json.dumps(structured, ensure_ascii=False)
+    yield "the result's strings", "\n".join(text for text in strings_of(data) if text not in payloads)
 
 
-def _readings(where: str, text: str, itself: bool = True) -> Iterator[tuple[str, str]]:
-    """`text` (unless not `itself`), with its base64 runs and %-escapes decoded, and folded."""
-    if itself:
-        yield where, text
-    for run in BASE64_RUN.findall(text):
-        decoded = _base64_text(run)
-        if decoded:
-            yield f"{where} (a base64 run decoded)", decoded
-    if "%" in text:
-        yield f"{where} (%-escapes decoded)", unquote(text)
-    if not text.isascii():  # NFKC leaves ASCII as it is, and no format character is ASCII
-        yield f"{where} (Unicode folded)", _format_characters().sub("", unicodedata.normalize("NFKC", text))
-
-
-@functools.cache
-def _format_characters() -> re.Pattern[str]:
-    """Unicode's format characters (category Cf: zero-width spaces and joiners, direction
-    marks, the byte order mark...), invisible in a text a person or a model reads."""
-    found = [chr(point) for point in range(0x80, sys.maxunicode + 1) if unicodedata.category(chr(point)) == "Cf"]
-    return re.compile("[" + "".join(map(re.escape, found)) + "]")
+def _texts(data: dict[str, Any]) -> Iterator[str]:
+    """The text a client reads of a result: its text blocks' and embedded text resources'."""
+    return (text for text in map(_block_text, data.get("content") or []) if isinstance(text, str))
 
 
 def _block_text(block: Any) -> str | None:
@@ -179,26 +220,27 @@ def _block_payload(block: Any) -> str | None:
 
 
 def _base64_text(text: str) -> str | None:
-    """The bytes `text` encodes in base64 (either alphabet), one character per byte; None if it is not base64."""
+    """The bytes `text` encodes in base64 (either alphabet) as text (UTF-8, NUL bytes dropped,
+    what is not UTF-8 as U+FFFD); None if it is not base64."""
     try:
         raw = base64.b64decode(text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError):
         return None
-    return raw.decode("latin-1")
+    return raw.replace(b"\0", b"").decode("utf-8", "replace")
 
 
-def _strings(value: Any, keys: bool = True) -> Iterator[str]:
+def strings_of(value: Any, keys: bool = True) -> Iterator[str]:
     """Every string of a JSON value, depth first, each key (unless `keys` is False) before its value."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, list):
         for item in value:
-            yield from _strings(item, keys)
+            yield from strings_of(item, keys)
     elif isinstance(value, dict):
         for key, item in value.items():
             if keys:
                 yield key
-            yield from _strings(item, keys)
+            yield from strings_of(item, keys)
 
 
 def error_result(text: str, decision: Decision | None = None) -> types.CallToolResult:

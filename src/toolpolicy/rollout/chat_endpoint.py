@@ -31,7 +31,7 @@ import httpx
 from toolpolicy.chat import ParsedTurn
 from toolpolicy.envs.base import Env, Session
 from toolpolicy.gate import Gate, Ledger
-from toolpolicy.rollout.engine import Figures, GatedLoop, EpisodeLimits, act, opening_ledger, record_turn, truncate
+from toolpolicy.rollout.engine import Figures, GatedLoop, EpisodeLimits, act, episode_gate, opening_ledger, record_turn, truncate
 from toolpolicy.types import CallError, Episode, Message, Task, ToolCall
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -229,7 +229,7 @@ class ChatEngine(GatedLoop):
             episode.messages.append(Message("assistant", parsed.content, parsed.tool_calls))
             truncate(episode, turn, "max_turn_tokens")
             return False
-        acted = act(parsed, parsed.content, session, self.gate, rollout.ledger, turn)
+        acted = act(parsed, parsed.content, session, episode_gate(self.gate, self.env, episode.task), rollout.ledger, turn)
         observations = record_turn(episode, session, *acted)
         if observations is None:
             return False

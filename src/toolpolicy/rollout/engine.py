@@ -28,6 +28,7 @@ from toolpolicy.chat import ChatTemplate, ParsedTurn, cut_at_stop
 from toolpolicy.chat.images import IMAGE_PAD, image_runs
 from toolpolicy.envs.base import Env, Session, as_env, open_session
 from toolpolicy.gate import AuditError, Gate, Ledger, Policy, admit, settle
+from toolpolicy.gate.scope import task_gate
 from toolpolicy.rollout.backends import Backend, Generation, GenRequest
 from toolpolicy.rollout.branch import Branch, quiet, replay_prefix
 from toolpolicy.rollout.dropped import tool_failure
@@ -174,6 +175,14 @@ def opening_ledger(task: Task) -> Ledger:
     """An episode's ledger, holding from the start the facts its environment knows before the
     model acts (`task.info["gate_facts"]`: AgentDojo's request and the user's own records)."""
     return Ledger(facts=dict(task.info.get("gate_facts", {})))
+
+
+def episode_gate(gate: Gate, env: Env, task: Task) -> Gate:
+    """The gate an episode of `task` runs under: `gate`, narrowed by the task's scope when its
+    environment derived one before the episode (`task.info["gate_scope"]`: AgentDojo's
+    `scope_rules`; gate/scope.py), so the policy stays the ceiling."""
+    scope = task.info.get("gate_scope")
+    return gate if scope is None else task_gate(gate, env.tools.specs(), scope)
 
 
 def truncate(episode: Episode, turn: int, why: str) -> None:
@@ -361,7 +370,8 @@ class RolloutEngine(GatedLoop):
         if branch is None:
             return True
         try:
-            problem = replay_prefix(session, quiet(self.gate), ledger, trajectory.episode.messages)
+            gate = episode_gate(self.gate, self.env, trajectory.episode.task)
+            problem = replay_prefix(session, quiet(gate), ledger, trajectory.episode.messages)
         except Exception as error:
             problem = f"branch: replaying the prefix failed: {type(error).__name__}: {error}"
         trajectory.episode.infra_error = problem
@@ -379,9 +389,8 @@ class RolloutEngine(GatedLoop):
             episode.messages.append(Message("assistant", text.strip()))
             truncate(episode, turn, "max_turn_tokens" if generation.ids else "max_tokens")
             return None
-        return record_turn(
-            episode, session, *observe(text, self.template, session, self.gate, ledger, turn, self.limits.max_call_chars)
-        )
+        gate = episode_gate(self.gate, self.env, episode.task)
+        return record_turn(episode, session, *observe(text, self.template, session, gate, ledger, turn, self.limits.max_call_chars))
 
     def _append(self, trajectory: Trajectory, observations: list[Message] | None, turn: int, spent: int = 0) -> bool:
         """Append the observation fragment that follows a turn; return whether the episode goes on.

@@ -9,7 +9,12 @@ user task). Each episode runs on its own copy of the suite's environment
 
 The gate's opening facts (facts.py: the request, the user's own records) are computed
 when the task is made, from the same starting environment the episode gets, and ride
-in `task.info["gate_facts"]`, which the engine puts in the episode's ledger.
+in `task.info["gate_facts"]`, which the engine puts in the episode's ledger. With
+`scope_rules` (a file such as examples/policies/agentdojo/scoped/banking.yaml), the task's
+scope is derived from its request at the same moment, before the agent acts, and rides in
+`task.info["gate_scope"]`: the engine runs the episode under the gate's policy narrowed by
+it (gate/scope.py), so the policy stays the ceiling and the request decides what of it
+this task may use.
 
 Outcome, read by the rewards:
 
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolpolicy.envs.agentdojo.facts import opening_facts
+from toolpolicy.gate.scope import ScopeRules
 from toolpolicy.envs.base import Env, Session
 from toolpolicy.envs.agentdojo.package import (
     ATTACKS,
@@ -106,6 +112,9 @@ class AgentDojoOptions:
     """The prompt-injection attack planted in the tools' data ("none": the user tasks alone)."""
     version: Version = BENCHMARK_VERSION
     """The AgentDojo benchmark version the suite is read from."""
+    scope_rules: str = ""
+    """A task-scope rules file (examples/policies/agentdojo/scoped/<suite>.yaml): each task's
+    scope is derived from its request by it and narrows the gate for that task; "": none."""
 
 
 class AgentDojoEnv(Env):
@@ -122,6 +131,7 @@ class AgentDojoEnv(Env):
         self.suite = load_suite(options.suite, options.version)
         self.attack = options.attack
         self.tools = toolset(self.suite, None)
+        self.scope_rules = ScopeRules.load(options.scope_rules) if options.scope_rules else None
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         if split not in SPLITS:
@@ -139,6 +149,8 @@ class AgentDojoEnv(Env):
         facts = opening_facts(self.suite.name, user.PROMPT, environment)
         injection_id = injection.ID if injection is not None else ""
         info = {"user_task": user.ID, "injection_task": injection_id, "gate_facts": facts}
+        if self.scope_rules is not None:  # decided from the request alone, before the agent acts
+            info["gate_scope"] = self.scope_rules.derive(user.PROMPT, self.tools.specs()).to_data()
         return Task(f"{self.suite.name}/{user.ID}/{injection_id or 'none'}", user.PROMPT, "", info)
 
     def on_answer(self, task: Task, messages: list[Message]) -> list[Message] | None:

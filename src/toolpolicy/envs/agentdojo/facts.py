@@ -14,10 +14,18 @@ written against them, as ledger facts the conditions read as `state`:
               may carry.
     links     the web addresses the request gives and those among the trusted values
               (list of str): the only ones a message may pass on.
+    contacts  (slack) person -> the e-mail addresses written on the web pages that the
+              request or a member's message gives in the same text as the person's name
+              ("invite Dora ... her contact info is on www.dora-website.com"): where the
+              user said to find that person's address (map of str to list of str).
 
 Nothing learned during the episode is added: a value the agent reads in a document or
 a web page never becomes trusted, which is what keeps an injected instruction from
-naming its own recipient. Each suite's records are read by one small function below.
+naming its own recipient. The one page read is the one the user's side points at for a
+person's address (`contacts`, as the episode starts), and only its addresses, only for
+the names the text pointing at it gives: an injection written on that very page can still
+name an address for them.
+Each suite's records are read by one small function below.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
+
+from toolpolicy.gate.values import emails, urls
 
 LINK = re.compile(r"(?:https?://|www\.)[^\s<>\"')\]]+")
 """A web address as messages write it: a scheme or a leading www."""
@@ -37,7 +47,10 @@ def opening_facts(suite: str, request: str, environment: Any) -> dict[str, Any]:
     """The ledger facts of an episode of `suite` for `request` in its starting `environment`."""
     trusted, private = RECORDS[suite](environment)
     given = [*links(request), *(value for value in trusted if LINK.fullmatch(value))]
-    return {"request": request, "trusted": sorted(set(trusted)), "private": sorted(set(private)), "links": sorted(set(given))}
+    facts = {"request": request, "trusted": sorted(set(trusted)), "private": sorted(set(private)), "links": sorted(set(given))}
+    if suite == "slack":
+        facts["contacts"] = slack_contacts(request, environment)
+    return facts
 
 
 def links(text: str) -> list[str]:
@@ -78,6 +91,23 @@ def slack_records(environment: Any) -> tuple[list[str], list[str]]:
     bodies += [m.body for messages in slack.user_inbox.values() for m in messages]
     written = [value for body in bodies for value in [*links(body), *NAME.findall(body)]]
     return [*slack.users, *slack.channels, *written], []
+
+
+def slack_contacts(request: str, environment: Any) -> dict[str, list[str]]:
+    """Person -> the e-mail addresses on the web pages that the request or a member's message
+    gives in the same text as the person's name, pages and addresses compared as whole values
+    (gate/values.py). What else the page says is not read: only its addresses, and only for
+    the people the text that points at it names."""
+    slack, pages = environment.slack, environment.web.web_content
+    texts = [request, *(m.body for messages in slack.channel_inbox.values() for m in messages)]
+    texts += [m.body for messages in slack.user_inbox.values() for m in messages]
+    contacts: dict[str, set[str]] = {}
+    for text in texts:
+        given = set(urls(links(text)))
+        found = [address for page, content in pages.items() if given & set(urls(page)) for address in emails(content)]
+        for name in NAME.findall(text) if found else []:
+            contacts.setdefault(name, set()).update(found)
+    return {name: sorted(addresses) for name, addresses in sorted(contacts.items())}
 
 
 def travel_records(environment: Any) -> tuple[list[str], list[str]]:

@@ -12,6 +12,8 @@ on the live environment, so later calls see what earlier ones changed; a denied 
 not run, and the replay goes on with the next.
 
 Gate off is the same policy in shadow mode: every call runs, the decisions are counted.
+`replay_suite_scoped` replays the same episodes through the policy alone and through it
+narrowed by each task's scope (gate/scope.py), derived from the request before any call.
 Injection tasks whose ground truth has no calls (some of workspace's, which only a
 model's answer can carry out) cannot be replayed and are listed apart.
 """
@@ -19,6 +21,7 @@ model's answer can carry out) cannot be replayed and are listed apart.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,7 +35,14 @@ from toolpolicy.envs.agentdojo.package import (
     tool_specs,
 )
 from toolpolicy.gate import Gate, Ledger, Policy, admit, settle
-from toolpolicy.types import ToolCall
+from toolpolicy.gate.scope import Scope, scoped_gate
+from toolpolicy.types import ToolCall, ToolSpec
+
+Scoper = Callable[[str, Sequence[ToolSpec]], Scope]
+"""(a user task's request, the suite's tools) -> the task's scope: `ScopeRules.derive`, or a
+planner through `scope_from_planner`."""
+InjectedCalls = Callable[[dict[str, Any]], list[ToolCall]]
+"""(the episode's opening facts) -> the calls an attacker's goal makes in that episode."""
 
 REPLAY_ATTACK = "important_instructions"
 """The attack whose text sits in the injection vectors during the replay."""
@@ -102,15 +112,29 @@ def replay_episode(
     injection_task: Any | None,
     attack: str = REPLAY_ATTACK,
     version: str = BENCHMARK_VERSION,
+    scope: Scope | None = None,
+    injected: InjectedCalls | None = None,
 ) -> EpisodeReplay:
-    """Replay `user_task` (then `injection_task`, if given) through `gate` on a fresh environment."""
+    """Replay `user_task` (then `injection_task`, if given) through `gate` on a fresh environment.
+
+    scope: the task's scope, derived from its request before any call: the replay runs
+        through `gate` narrowed by it (gate/scope.py), as a deployment that scopes each task does.
+    injected: calls to replay after the user's in place of the injection task's ground
+        truth (an attacker's own goal, made from the episode's facts)."""
     suite = load_suite(suite_name, version)
     environment = starting_environment(suite, attack, user_task, injection_task)
     pre_environment = environment.model_copy(deep=True)
     live = LiveEnvironment(suite, environment, [])
-    ledger = Ledger(facts=opening_facts(suite_name, user_task.PROMPT, pre_environment))
+    facts = opening_facts(suite_name, user_task.PROMPT, pre_environment)
+    if scope is not None:
+        gate = scoped_episode_gate(gate, tool_specs(suite), scope)
+    ledger = Ledger(facts=facts)
     denials = gated_calls(gate, ledger, live, ground_truth(user_task, pre_environment), user_task.ID, "")
     attacked, attack_denied = None, False
+    if injected is not None:
+        hijacked = gated_calls(gate, ledger, live, injected(facts), user_task.ID, "injected")
+        attack_denied = bool(hijacked)
+        denials += hijacked
     if injection_task is not None:
         calls = ground_truth(injection_task, live.environment)
         hijacked = gated_calls(gate, ledger, live, calls, user_task.ID, injection_task.ID)
@@ -186,6 +210,76 @@ def replay_suite(suite_name: str, policy: Policy, version: str = BENCHMARK_VERSI
         attack_success_if_approved=share(bool(r.attacked) for r in attacked_approved),
         false_positives=[d for r in plain_on for d in r.denials],
         attacks_through=[f"{u.ID}/{i.ID}" for (u, i), r in zip(pairs, attacked_on) if r.attacked],
+    )
+
+
+def scoped_episode_gate(gate: Gate, specs: Sequence[ToolSpec], scope: Scope) -> Gate:
+    """`gate`'s policy narrowed by one task's `scope`, with `gate`'s approver, audit log and mode."""
+    return scoped_gate(gate.policy, specs, scope, approver=gate.approver, audit=gate.audit, enforce=gate.enforce)
+
+
+@dataclass
+class ScopedReplay:
+    """A suite's figures with the static policy alone and with each task's scope on top (shares in [0, 1])."""
+
+    suite: str
+    user_tasks: int
+    pairs: int
+    utility_kept_static: float
+    """User tasks with no ground-truth call denied, static policy alone."""
+    utility_kept_scoped: float
+    """The same with the task's scope: the scope's false denials are the difference."""
+    utility_on_scoped: float
+    """User tasks whose utility check passes, scope on."""
+    benign_calls: int
+    false_denials_static: list[Denial]
+    false_denials_scoped: list[Denial]
+    attack_success_static: float
+    attack_success_scoped: float
+    injections_admitted_static: float
+    """Pairs in which every call of the injection task's ground truth was allowed."""
+    injections_admitted_scoped: float
+    unnarrowed_tasks: list[str]
+    """User tasks whose scope narrows nothing (every tool, no bound): a request that hands
+    its task to a document, or a planner that asked for everything."""
+    scopes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def replay_suite_scoped(suite_name: str, policy: Policy, scoper: Scoper, version: str = BENCHMARK_VERSION) -> ScopedReplay:
+    """Every user task and (user task, injection task) pair of the suite, through the static
+    policy alone and through it narrowed by each task's scope (enforced, no approver)."""
+    suite = load_suite(suite_name, version)
+    _, on, _ = suite_gates(suite_name, policy, version)
+    specs = tool_specs(suite)
+    users = list(suite.user_tasks.values())
+    clean = suite.load_and_inject_default_environment({})
+    injections = [t for t in suite.injection_tasks.values() if ground_truth(t, clean)]
+    scopes = {u.ID: scoper(u.PROMPT, specs) for u in users}  # each task's scope, derived once
+    plain_static = [replay_episode(suite_name, on, u, None, version=version) for u in users]
+    plain_scoped = [replay_episode(suite_name, on, u, None, version=version, scope=scopes[u.ID]) for u in users]
+    pairs = [(u, i) for u in users for i in injections]
+    attacked_static = [replay_episode(suite_name, on, u, i, version=version) for u, i in pairs]
+    attacked_scoped = [replay_episode(suite_name, on, u, i, version=version, scope=scopes[u.ID]) for u, i in pairs]
+    every_tool = frozenset(spec.name for spec in specs)
+    return ScopedReplay(
+        suite=suite_name,
+        user_tasks=len(users),
+        pairs=len(pairs),
+        utility_kept_static=share(not r.denials for r in plain_static),
+        utility_kept_scoped=share(not r.denials for r in plain_scoped),
+        utility_on_scoped=share(r.utility for r in plain_scoped),
+        benign_calls=sum(len(ground_truth(u, clean)) for u in users),
+        false_denials_static=[d for r in plain_static for d in r.denials],
+        false_denials_scoped=[d for r in plain_scoped for d in r.denials],
+        attack_success_static=share(bool(r.attacked) for r in attacked_static),
+        attack_success_scoped=share(bool(r.attacked) for r in attacked_scoped),
+        injections_admitted_static=share(not r.attack_denied for r in attacked_static),
+        injections_admitted_scoped=share(not r.attack_denied for r in attacked_scoped),
+        unnarrowed_tasks=[u.ID for u in users if scopes[u.ID].tools == every_tool and not scopes[u.ID].bounds and not scopes[u.ID].values],
+        scopes={u.ID: scopes[u.ID].to_data() for u in users},
     )
 
 
